@@ -1,0 +1,125 @@
+"""A preallocated KV cache whose rollback is a pointer move.
+
+Each layer owns one ``[batch, kv_heads, max_len, head_dim]`` buffer for keys and one for values,
+allocated once (on the first write, when the real head count, head size, dtype and device are
+known) and never grown. ``update`` writes new states in place and returns *views* of the filled
+prefix, so attention sees exactly the keys a ``DynamicCache`` would hold and no masked padding:
+numerics match plain ``model.generate`` and decode on CPU does no work for empty slots.
+
+Rolling back the rejected draft tokens is ``cache.rollback(n)``: the length pointer moves back and
+the stale slots are overwritten by the next write. No copy, no reallocation.
+
+Sliding-window layers keep the whole context too (the model's sliding mask hides what is out of
+the window); this makes rollback trivially exact at the cost of memory. ``specdec.sizing`` counts
+the managed cache the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class CacheOverflowError(RuntimeError):
+    """Raised when a write would go past the preallocated length."""
+
+
+class ManagedLayer(CacheLayerMixin):
+    """One attention layer's preallocated keys and values with an integer fill pointer."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = True
+
+    def __init__(self, max_cache_len: int, **kwargs) -> None:
+        super().__init__()
+        self.max_cache_len = int(max_cache_len)
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        batch, heads = key_states.shape[:2]
+        shape_k = (batch, heads, self.max_cache_len, key_states.shape[-1])
+        shape_v = (batch, value_states.shape[1], self.max_cache_len, value_states.shape[-1])
+        # torch.empty: slots past `length` are never read, so there is nothing to zero.
+        self.keys = torch.empty(shape_k, dtype=self.dtype, device=self.device)
+        self.values = torch.empty(shape_v, dtype=value_states.dtype, device=self.device)
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.max_cache_len:
+            raise CacheOverflowError(
+                f"KV cache overflow: writing positions {start}..{end - 1} into a cache preallocated for "
+                f"{self.max_cache_len} tokens. Raise max_new_tokens' headroom or the cache length."
+            )
+        self.keys[:, :, start:end].copy_(key_states)
+        self.values[:, :, start:end].copy_(value_states)
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.max_cache_len
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """HF-style crop: a negative count removes that many tokens; a non-negative one keeps that many."""
+        new_length = self.length + tokens_to_remove if tokens_to_remove < 0 else tokens_to_remove
+        self.rollback(new_length)
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back a cache of {self.length} tokens to {length}")
+        self.length = int(length)
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self.keys = self.keys[indices].contiguous()
+            self.values = self.values[indices].contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+class ManagedCache(Cache):
+    """A transformers ``Cache`` of :class:`ManagedLayer`, one per decoder layer.
+
+    Pass it as ``past_key_values`` to any supported causal LM. All layers hold the same number of
+    tokens (``len(cache)`` is the layer count, :attr:`length` the token count).
+    """
+
+    def __init__(self, num_layers: int, max_cache_len: int) -> None:
+        if max_cache_len <= 0:
+            raise ValueError(f"max_cache_len must be positive, got {max_cache_len}")
+        super().__init__(layers=[ManagedLayer(max_cache_len) for _ in range(num_layers)])
+        self.max_cache_len = int(max_cache_len)
+
+    @property
+    def length(self) -> int:
+        """Number of tokens currently held (the fill pointer)."""
+        return self.layers[0].length if self.layers else 0
+
+    def rollback(self, length: int) -> None:
+        """Forget everything after the first ``length`` tokens. O(1): no copy."""
+        for layer in self.layers:
+            layer.rollback(length)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the preallocated key and value buffers of every layer."""
+        return sum(layer.nbytes for layer in self.layers)
