@@ -1,0 +1,52 @@
+"""Drafters: things that propose tokens for the verifier to check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specdec.drafters.base import DraftContext, Drafter, Proposal
+from specdec.drafters.model import ModelDrafter, VocabularyMismatchError, check_vocab_compat
+
+__all__ = [
+    "DraftContext",
+    "Drafter",
+    "ModelDrafter",
+    "Proposal",
+    "VocabularyMismatchError",
+    "check_vocab_compat",
+    "resolve_drafter",
+]
+
+
+def resolve_drafter(
+    draft: Any,
+    verifier: torch.nn.Module,
+    *,
+    verifier_tokenizer: Any = None,
+    draft_tokenizer: Any = None,
+) -> Drafter:
+    """Build a drafter from a user-facing spec.
+
+    ``draft`` may be a :class:`Drafter`, a transformers causal LM, ``"self:SCHEME"`` (a quantized
+    copy of the verifier, e.g. ``"self:int8"``), or a local model directory.
+    """
+    if isinstance(draft, str) and draft.startswith("self:"):
+        from specdec.quant import quantize
+
+        return ModelDrafter(quantize(verifier, draft.split(":", 1)[1]))
+    if isinstance(draft, str):
+        from specdec.models import load_model
+
+        model, tok = load_model(draft)
+        check_vocab_compat(verifier, model, verifier_tokenizer, tok)
+        return ModelDrafter(model)
+    if isinstance(draft, torch.nn.Module):
+        check_vocab_compat(verifier, draft, verifier_tokenizer, draft_tokenizer)
+        return ModelDrafter(draft)
+    if isinstance(draft, Drafter):
+        return draft
+    raise TypeError(
+        f"cannot use {type(draft).__name__} as a drafter: pass a Drafter, a causal LM, 'self:SCHEME' or a model path"
+    )

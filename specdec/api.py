@@ -1,0 +1,158 @@
+"""Public API: ``generate``, the :class:`SpeculativeModel` wrapper and ``patch``.
+
+Everything here mirrors ``transformers``' ``model.generate``: same arguments, same return types
+(a tensor of sequences, or a ``GenerateDecoderOnlyOutput`` when ``return_dict_in_generate``).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from specdec.arguments import prepare_generation
+from specdec.drafters import Drafter, resolve_drafter
+from specdec.engine import speculative_generate
+from specdec.stats import SpecStats
+from specdec.verifiers.hf import CausalLMRunner
+
+DEFAULT_NUM_DRAFT_TOKENS = 4
+
+
+@dataclass
+class SpeculativeOutput(GenerateDecoderOnlyOutput):
+    """``GenerateDecoderOnlyOutput`` plus the call's :class:`SpecStats` as ``spec_stats``."""
+
+    spec_stats: SpecStats | None = None
+
+
+class SpeculativeModel:
+    """Wrap a causal LM (the verifier) and a drafter; ``.generate`` is a drop-in for ``model.generate``.
+
+    Args:
+        model: the verifier, any supported transformers causal LM.
+        draft: a :class:`~specdec.drafters.Drafter`, a causal LM sharing the vocabulary,
+            ``"self:SCHEME"`` for a quantized copy of ``model`` (e.g. ``"self:int8"``) or a local path.
+        num_draft_tokens: tokens drafted per verifier pass (``k``).
+        tokenizer / draft_tokenizer: optional, used to check the vocabularies match exactly and for
+            ``stop_strings``.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        draft: Any = "self:int8",
+        num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
+        tokenizer: Any = None,
+        draft_tokenizer: Any = None,
+    ) -> None:
+        _check_k(num_draft_tokens)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.verifier = CausalLMRunner(model, role="verifier")
+        self.drafter: Drafter = resolve_drafter(
+            draft, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
+        )
+        self.num_draft_tokens = num_draft_tokens
+        self.last_stats: SpecStats | None = None
+
+    def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the verifier
+        if name == "model":
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
+    def generate(
+        self,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: LogitsProcessorList | None = None,
+        stopping_criteria: StoppingCriteriaList | None = None,
+        prefix_allowed_tokens_fn: Any = None,
+        streamer: Any = None,
+        num_draft_tokens: int | None = None,
+        generator: torch.Generator | None = None,
+        **kwargs: Any,
+    ) -> torch.LongTensor | SpeculativeOutput:
+        """Speculative ``generate``: same arguments and return type as ``model.generate``.
+
+        Extra arguments: ``num_draft_tokens`` (override ``k`` for this call) and ``generator``
+        (a ``torch.Generator`` for reproducible sampling). Statistics land in :attr:`last_stats`.
+        """
+        k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        _check_k(k)
+        kwargs.setdefault("tokenizer", self.tokenizer)
+        tokenizer = kwargs.pop("tokenizer")
+        setup = prepare_generation(
+            self.model,
+            inputs,
+            generation_config,
+            logits_processor,
+            stopping_criteria,
+            prefix_allowed_tokens_fn,
+            tokenizer=tokenizer,
+            **kwargs,
+        )
+        device = self.model.device
+        if setup.input_ids.device != device:
+            raise ValueError(f"input_ids are on {setup.input_ids.device} but the model is on {device}")
+        result = speculative_generate(
+            self.verifier,
+            self.drafter,
+            setup,
+            k,
+            streamer=streamer,
+            generator=generator,
+            output_scores=bool(setup.config.return_dict_in_generate and setup.config.output_scores),
+            output_logits=bool(setup.config.return_dict_in_generate and setup.config.output_logits),
+        )
+        self.last_stats = result.stats
+        if not setup.config.return_dict_in_generate:
+            return result.sequences
+        return SpeculativeOutput(
+            sequences=result.sequences, scores=result.scores, logits=result.logits, spec_stats=result.stats
+        )
+
+
+def _check_k(k: int) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"num_draft_tokens must be a positive integer, got {k!r}")
+
+
+def generate(model: PreTrainedModel, draft: Any = "self:int8", inputs: torch.Tensor | None = None, **kwargs: Any):
+    """One-shot speculative generation: ``SpeculativeModel(model, draft).generate(inputs, **kwargs)``."""
+    options = {key: kwargs.pop(key) for key in ("num_draft_tokens", "tokenizer", "draft_tokenizer") if key in kwargs}
+    k = options.pop("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
+    wrapper = SpeculativeModel(model, draft, num_draft_tokens=k, **options)
+    return wrapper.generate(inputs, tokenizer=options.get("tokenizer"), num_draft_tokens=k, **kwargs)
+
+
+def patch(model: PreTrainedModel, draft: Any = "self:int8", **options: Any) -> SpeculativeModel:
+    """Make ``model.generate`` speculative in place (pipelines included); undo with :func:`unpatch`.
+
+    Returns the :class:`SpeculativeModel` doing the work (its ``last_stats`` has each call's statistics).
+    """
+    if hasattr(model, "_specdec_original_generate"):
+        raise RuntimeError("this model is already patched by specdec; call specdec.unpatch(model) first")
+    wrapper = SpeculativeModel(model, draft, **options)
+    model._specdec_original_generate = model.generate
+    model._specdec = wrapper
+
+    def generate(self, *args: Any, **kwargs: Any):
+        return wrapper.generate(*args, **kwargs)
+
+    generate.__doc__ = SpeculativeModel.generate.__doc__
+    model.generate = types.MethodType(generate, model)
+    return wrapper
+
+
+def unpatch(model: PreTrainedModel) -> None:
+    """Restore the ``generate`` that :func:`patch` replaced."""
+    if not hasattr(model, "_specdec_original_generate"):
+        raise RuntimeError("this model is not patched by specdec")
+    del model.generate  # the instance attribute; the class method shows through again
+    del model._specdec_original_generate
+    del model._specdec

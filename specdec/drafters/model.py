@@ -1,0 +1,130 @@
+"""A drafter backed by any Hugging Face causal LM that shares the verifier's vocabulary."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec.drafters.base import DraftContext, Proposal
+from specdec.verifiers.hf import CausalLMRunner
+
+# Vocabulary sizes may differ by embedding padding (rounded up to a multiple of 64/128...);
+# a larger gap means a different tokenizer.
+_MAX_VOCAB_PADDING = 1024
+
+
+class VocabularyMismatchError(ValueError):
+    """The drafter and the verifier do not speak the same token ids."""
+
+
+def _vocab_size(model: PreTrainedModel) -> int:
+    return int(model.get_output_embeddings().weight.shape[0])
+
+
+def check_vocab_compat(
+    verifier: PreTrainedModel,
+    drafter: PreTrainedModel,
+    verifier_tokenizer: Any = None,
+    drafter_tokenizer: Any = None,
+) -> None:
+    """Raise :class:`VocabularyMismatchError` if token ids of the two models do not mean the same thing.
+
+    With both tokenizers, the token-to-id maps must agree on every id the verifier knows. Without
+    them, the special token ids must agree and the head sizes may differ only by padding.
+    """
+    v_size, d_size = _vocab_size(verifier), _vocab_size(drafter)
+    if verifier_tokenizer is not None and drafter_tokenizer is not None:
+        v_vocab, d_vocab = verifier_tokenizer.get_vocab(), drafter_tokenizer.get_vocab()
+        if v_vocab != d_vocab:
+            differ = [t for t in v_vocab if d_vocab.get(t) != v_vocab[t]][:5]
+            raise VocabularyMismatchError(
+                f"the drafter's tokenizer differs from the verifier's ({len(d_vocab)} vs {len(v_vocab)} tokens; "
+                f"e.g. {differ} map to different ids). Speculative decoding needs one shared vocabulary."
+            )
+        return
+    for name in ("eos_token_id", "bos_token_id"):
+        v_id, d_id = getattr(verifier.config, name, None), getattr(drafter.config, name, None)
+        if v_id is not None and d_id is not None and v_id != d_id:
+            raise VocabularyMismatchError(
+                f"{name} differs: verifier {v_id}, drafter {d_id}. The models use different tokenizers; "
+                "pick a drafter from the verifier's model family."
+            )
+    if abs(v_size - d_size) > _MAX_VOCAB_PADDING:
+        raise VocabularyMismatchError(
+            f"vocabulary sizes differ too much to be padding: verifier {v_size}, drafter {d_size}. "
+            "The models use different tokenizers; pick a drafter from the verifier's model family."
+        )
+    if v_size != d_size:
+        warnings.warn(
+            f"drafter head has {d_size} rows, verifier {v_size}: assuming embedding padding. "
+            "Pass both tokenizers to specdec to check the vocabularies exactly.",
+            stacklevel=3,
+        )
+
+
+class ModelDrafter:
+    """Drafts autoregressively with a (usually smaller or quantized) causal LM over its own managed cache.
+
+    After each verification it keeps the longest cached prefix that agrees with the committed tokens
+    and feeds the rest (the verifier's correction or bonus token) at the start of the next proposal.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model.eval()
+        self.runner = CausalLMRunner(model, role="drafter")
+        self._cached_ids: torch.Tensor | None = None  # token ids whose keys/values are in the cache
+        self.forwards = 0
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
+        self.runner.prefill(input_ids, attention_mask, max_len)
+        self._cached_ids = input_ids
+        self.forwards = 1
+
+    def _scores(self, logits: torch.Tensor, ids: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+        logits = logits.float()
+        vocab = ctx.vocab_size or logits.shape[-1]
+        if logits.shape[-1] > vocab:  # padded head: ids past the verifier's vocabulary do not exist
+            logits = logits[..., :vocab]
+        elif logits.shape[-1] < vocab:
+            logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
+        return ctx.processors(ids, logits)
+
+    @torch.inference_mode()
+    def propose(self, sequences: torch.LongTensor, k: int, ctx: DraftContext) -> Proposal:
+        batch = sequences.shape[0]
+        if k <= 0:
+            return Proposal(sequences.new_empty((batch, 0)), None)
+        extra = {"logits_to_keep": 1} if self.runner._keep_logits else {}
+        logits = self.runner.forward(sequences[:, self.runner.length :], **extra)[:, -1]
+        self.forwards += 1
+        ids, tokens, probs = sequences, [], []
+        for i in range(k):
+            scores = self._scores(logits, ids, ctx)
+            if ctx.do_sample:
+                p = torch.softmax(scores, dim=-1)
+                token = torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1)
+                probs.append(p)
+            else:
+                token = scores.argmax(dim=-1)
+            tokens.append(token)
+            ids = torch.cat([ids, token.unsqueeze(-1)], dim=-1)
+            if i < k - 1:
+                logits = self.runner.forward(token.unsqueeze(-1))[:, -1]
+                self.forwards += 1
+        self._cached_ids = ids[:, : self.runner.length]
+        return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+
+    def commit(self, sequences: torch.LongTensor) -> None:
+        cached = self._cached_ids
+        n = min(cached.shape[1], sequences.shape[1] - 1)  # always leave >= 1 token to feed next time
+        agree = (cached[:, :n] == sequences[:, :n]).all(dim=0).long()
+        keep = int(agree.cumprod(dim=0).sum())
+        self.runner.rollback(keep)
+        self._cached_ids = sequences[:, :keep]
+
+    def finish(self) -> None:
+        self.runner.release()
+        self._cached_ids = None

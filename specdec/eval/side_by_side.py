@@ -1,0 +1,182 @@
+"""Side-by-side runs: plain ``model.generate`` against specdec on the same prompts, in one process.
+
+Methods run back to back per prompt, alternating which goes first, after one warm-up run each, so
+that slow drifts of a shared machine hit both sides alike. Speedups are ratios from the same run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+
+from specdec.api import SpeculativeModel
+
+BUILTIN_PROMPTS: list[dict[str, str]] = [
+    {"task": "chat", "prompt": "What are three good habits for staying focused while working from home?"},
+    {"task": "code", "prompt": "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."},
+    {
+        "task": "summarisation",
+        "prompt": "Summarise in two sentences: The Great Barrier Reef is the world's largest coral reef system, "
+        "composed of over 2,900 individual reefs and 900 islands stretching for over 2,300 kilometres. It is "
+        "located in the Coral Sea, off the coast of Queensland, Australia, and can be seen from outer space. "
+        "Warming oceans have caused repeated mass bleaching events that threaten its survival.",
+    },
+    {"task": "explanation", "prompt": "Explain what a hash table is to a beginner programmer."},
+    {"task": "code", "prompt": "Write a SQL query that lists the five customers with the highest total order value."},
+    {"task": "chat", "prompt": "Give me a short recipe for pancakes."},
+]
+
+
+@dataclass
+class PromptResult:
+    """One prompt through the plain model and through specdec."""
+
+    task: str
+    prompt: str
+    new_tokens: int
+    plain_seconds: float
+    spec_seconds: float
+    identical: bool
+    acceptance_rate: float
+    mean_accepted_length: float
+    proposed: int
+    accepted: int
+    verifier_forwards: int
+    text: str = ""
+
+
+@dataclass
+class Comparison:
+    """Aggregate of a side-by-side run."""
+
+    results: list[PromptResult] = field(default_factory=list)
+    num_draft_tokens: int = 0
+    draft: str = ""
+
+    @property
+    def plain_tokens_per_s(self) -> float:
+        return sum(r.new_tokens for r in self.results) / max(sum(r.plain_seconds for r in self.results), 1e-9)
+
+    @property
+    def spec_tokens_per_s(self) -> float:
+        return sum(r.new_tokens for r in self.results) / max(sum(r.spec_seconds for r in self.results), 1e-9)
+
+    @property
+    def speedup(self) -> float:
+        return self.spec_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        proposed = sum(r.proposed for r in self.results)
+        return sum(r.accepted for r in self.results) / proposed if proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        steps = sum(r.verifier_forwards for r in self.results)
+        # tokens per verifier pass; the first token comes from the prefill pass
+        return sum(r.new_tokens - 1 for r in self.results) / steps if steps else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON contract of ``specdec demo --json`` / ``specdec generate --compare --json``."""
+        return {
+            "prompts": len(self.results),
+            "identical": sum(r.identical for r in self.results),
+            "speedup": round(self.speedup, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "plain_tokens_per_s": round(self.plain_tokens_per_s, 3),
+            "spec_tokens_per_s": round(self.spec_tokens_per_s, 3),
+            "new_tokens": sum(r.new_tokens for r in self.results),
+            "num_draft_tokens": self.num_draft_tokens,
+            "draft": self.draft,
+            "per_prompt": [{k: v for k, v in asdict(r).items() if k not in ("prompt", "text")} for r in self.results],
+        }
+
+    def table(self) -> str:
+        lines = [f"{'task':<14}{'tokens':>7}{'plain tok/s':>13}{'specdec tok/s':>15}{'ratio':>7}{'accept':>8}{'len':>6}  same"]
+        for r in self.results:
+            plain, spec = r.new_tokens / r.plain_seconds, r.new_tokens / r.spec_seconds
+            lines.append(
+                f"{r.task:<14}{r.new_tokens:>7}{plain:>13.2f}{spec:>15.2f}{spec / plain:>7.2f}"
+                f"{r.acceptance_rate:>8.2f}{r.mean_accepted_length:>6.2f}  {'yes' if r.identical else 'NO'}"
+            )
+        lines.append(
+            f"{'all':<14}{sum(r.new_tokens for r in self.results):>7}{self.plain_tokens_per_s:>13.2f}"
+            f"{self.spec_tokens_per_s:>15.2f}{self.speedup:>7.2f}{self.acceptance_rate:>8.2f}"
+            f"{self.mean_accepted_length:>6.2f}  {sum(r.identical for r in self.results)}/{len(self.results)}"
+        )
+        return "\n".join(lines)
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool = True) -> torch.Tensor:
+    """Token ids for one prompt, through the chat template when the tokenizer has one."""
+    if not prompt or not prompt.strip():
+        raise ValueError("empty prompt: give the model some text to continue")
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    else:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    return ids
+
+
+def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def compare(
+    model: Any,
+    tokenizer: Any,
+    spec: SpeculativeModel,
+    prompts: Iterable[dict[str, str]],
+    max_new_tokens: int = 128,
+    chat: bool = True,
+    warmup: bool = True,
+    progress: Callable[[PromptResult], None] | None = None,
+) -> Comparison:
+    """Greedy side-by-side of ``model.generate`` and ``spec.generate`` on each prompt."""
+    prompts = list(prompts)
+    result = Comparison(num_draft_tokens=spec.num_draft_tokens, draft=str(getattr(spec, "draft_name", "")))
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    if warmup and prompts:
+        ids = encode_prompt(tokenizer, prompts[0]["prompt"], chat)
+        model.generate(ids, **{**kwargs, "max_new_tokens": 4})
+        spec.generate(ids, **{**kwargs, "max_new_tokens": 4})
+    for i, item in enumerate(prompts):
+        ids = encode_prompt(tokenizer, item["prompt"], chat)
+        runs = {
+            "plain": lambda: model.generate(ids, **kwargs),
+            "spec": lambda: spec.generate(ids, **kwargs),
+        }
+        order = ["plain", "spec"] if i % 2 == 0 else ["spec", "plain"]
+        timed = {}
+        for name in order:
+            timed[name] = _timed(runs[name])
+            if name == "spec":
+                stats = spec.last_stats
+        (plain_out, plain_s), (spec_out, spec_s) = timed["plain"], timed["spec"]
+        new = spec_out.shape[1] - ids.shape[1]
+        row = PromptResult(
+            task=item.get("task", item.get("category", "prompt")),
+            prompt=item["prompt"],
+            new_tokens=new,
+            plain_seconds=plain_s,
+            spec_seconds=spec_s,
+            identical=bool(plain_out.shape == spec_out.shape and torch.equal(plain_out, spec_out)),
+            acceptance_rate=stats.acceptance_rate,
+            mean_accepted_length=stats.mean_accepted_length,
+            proposed=stats.proposed,
+            accepted=stats.accepted,
+            verifier_forwards=stats.verifier_forwards,
+            text=tokenizer.decode(spec_out[0, ids.shape[1] :], skip_special_tokens=True),
+        )
+        result.results.append(row)
+        if progress is not None:
+            progress(row)
+    return result

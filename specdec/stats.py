@@ -1,0 +1,104 @@
+"""Per-call speculative decoding statistics."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SpecStats:
+    """What one speculative ``generate`` call did.
+
+    Counts are summed over rows. ``accepted_per_position[i]`` counts draft tokens accepted at draft
+    position ``i`` (0-based) out of ``proposed_per_position[i]`` proposed there.
+    """
+
+    num_draft_tokens: int
+    batch_size: int = 1
+    new_tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    verifier_forwards: int = 0  # verification passes, prefill excluded
+    drafter_forwards: int = 0
+    committed_per_step: list[int] = field(default_factory=list)  # tokens committed per row per verify pass
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    time_to_first_token: float = 0.0
+    total_time: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over proposed draft tokens."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per row per verifier pass (accepted drafts + the verifier's own token)."""
+        steps = self.committed_per_step
+        return sum(steps) / len(steps) if steps else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Acceptance rate at each draft position."""
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    @property
+    def time_per_output_token(self) -> float:
+        """Seconds per generated token after the first (the decode phase)."""
+        rest = self.new_tokens / max(self.batch_size, 1) - 1
+        return (self.total_time - self.time_to_first_token) / rest if rest > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_time if self.total_time else 0.0
+
+    def record_step(self, proposed: int, accepted_per_row: list[int], committed: int, rows: int) -> None:
+        """Account one verification pass over ``rows`` active rows with ``proposed`` drafts each."""
+        self.verifier_forwards += 1
+        self.proposed += proposed * rows
+        self.accepted += sum(accepted_per_row)
+        self.committed_per_step.append(committed)
+        while len(self.proposed_per_position) < proposed:
+            self.proposed_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(proposed):
+            self.proposed_per_position[i] += rows
+        for n in accepted_per_row:
+            for i in range(n):
+                self.accepted_per_position[i] += 1
+
+    def to_dict(self) -> dict:
+        """Plain-JSON view including the derived rates."""
+        data = asdict(self)
+        data.pop("committed_per_step")
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            acceptance_by_position=self.acceptance_by_position,
+            time_per_output_token=self.time_per_output_token,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return data
+
+    def _rows(self) -> list[tuple[str, str]]:
+        by_pos = ", ".join(f"{r:.2f}" for r in self.acceptance_by_position)
+        return [
+            ("new tokens", str(self.new_tokens)),
+            ("draft length k", str(self.num_draft_tokens)),
+            ("acceptance rate", f"{self.acceptance_rate:.3f} ({self.accepted}/{self.proposed})"),
+            ("mean accepted length", f"{self.mean_accepted_length:.2f} tokens / verifier pass"),
+            ("acceptance by position", by_pos or "-"),
+            ("verifier passes", str(self.verifier_forwards)),
+            ("drafter forwards", str(self.drafter_forwards)),
+            ("time to first token", f"{self.time_to_first_token * 1000:.1f} ms"),
+            ("time per output token", f"{self.time_per_output_token * 1000:.1f} ms"),
+            ("tokens/s", f"{self.tokens_per_second:.2f}"),
+        ]
+
+    def __str__(self) -> str:
+        return "\n".join(f"{k:>24}: {v}" for k, v in self._rows())
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in self._rows())
+        return f"<table><caption>speculative decoding</caption>{rows}</table>"

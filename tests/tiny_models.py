@@ -1,0 +1,52 @@
+"""Tiny randomly initialised causal LMs of several architectures, built from configs (never downloaded).
+
+``initializer_range`` is raised from the usual 0.02 so that logits are spread out: with near-uniform
+logits almost every greedy step is a near-tie, and a test of token identity would then measure float
+rounding rather than the engine.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import transformers as tf
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, initializer_range=0.3, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+CONFIGS = {
+    "llama": lambda: tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, **COMMON),
+    "mistral": lambda: tf.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=1, sliding_window=16, **COMMON),
+    "qwen2": lambda: tf.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, **COMMON),
+    "qwen3": lambda: tf.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, head_dim=32, **COMMON),
+    "gpt2": lambda: tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, **COMMON),
+    "gpt_neox": lambda: tf.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                         **COMMON),
+    "phi3": lambda: tf.Phi3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, **COMMON),
+    "gemma": lambda: tf.GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=1, head_dim=16, **COMMON),
+}
+
+
+def make_model(arch: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny fp32 model of ``arch`` with a fixed seed."""
+    torch.manual_seed(seed)
+    config = CONFIGS[arch]()
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return model
+
+
+def perturbed_copy(model: torch.nn.Module, noise: float, seed: int = 123) -> torch.nn.Module:
+    """A drafter that agrees with ``model`` often but not always: the same weights plus Gaussian noise."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * noise * (p.std() if p.numel() > 1 else 1.0))
+    return draft
