@@ -125,10 +125,10 @@ def prepare_generation(
             f"`attention_mask` shape {tuple(attention_mask.shape)} does not match `input_ids` {tuple(input_ids.shape)}."
         )
     attention_mask = attention_mask.to(device).long()
-    if (attention_mask[:, -1] == 0).any():
-        raise ValueError("right padding detected: decoder-only generation needs left padding (tokenizer.padding_side='left').")
     if (attention_mask.sum(dim=1) == 0).any():
         raise ValueError("a row of `attention_mask` is all zeros: that prompt is empty.")
+    if (attention_mask[:, -1] == 0).any():
+        raise ValueError("right padding detected: decoder-only generation needs left padding (tokenizer.padding_side='left').")
 
     length = input_ids.shape[1]
     config = model._prepare_generated_length(

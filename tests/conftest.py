@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,7 +7,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# Under pytest-xdist each worker gets one core; more threads than cores makes OpenMP spin and crawl.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

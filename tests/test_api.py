@@ -1,0 +1,238 @@
+"""The drop-in API: return types, streamers, stopping criteria, patching, and clear errors for bad input."""
+
+import pytest
+import torch
+import transformers as tf
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+import specdec
+from specdec.drafters import Proposal
+from tiny_models import VOCAB, make_model, perturbed_copy
+
+
+@pytest.fixture(scope="module")
+def llama():
+    model = make_model("llama")
+    return model, perturbed_copy(model, 0.05)
+
+
+PROMPT = torch.tensor([[5, 17, 33, 8, 41]])
+GREEDY = dict(max_new_tokens=20, do_sample=False, eos_token_id=None)
+
+
+class Recorder(BaseStreamer):
+    def __init__(self):
+        self.chunks = []
+        self.ended = False
+
+    def put(self, value):
+        self.chunks.append(value.tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_return_dict_scores_and_logits_match_generate(llama):
+    model, draft = llama
+    kwargs = dict(GREEDY, return_dict_in_generate=True, output_scores=True, output_logits=True, repetition_penalty=1.2)
+    ref = model.generate(PROMPT, **kwargs)
+    out = specdec.SpeculativeModel(model, draft, num_draft_tokens=4).generate(PROMPT, **kwargs)
+    assert isinstance(out, GenerateDecoderOnlyOutput)
+    assert torch.equal(out.sequences, ref.sequences)
+    assert len(out.scores) == len(ref.scores) == 20
+    for mine, theirs in zip(out.scores, ref.scores):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(out.logits, ref.logits):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    assert out.spec_stats.new_tokens == 20
+    assert out.spec_stats.proposed > 0
+
+
+def test_streamer_sees_what_generate_streams(llama):
+    model, draft = llama
+    theirs, mine = Recorder(), Recorder()
+    model.generate(PROMPT, streamer=theirs, **GREEDY)
+    specdec.SpeculativeModel(model, draft).generate(PROMPT, streamer=mine, **GREEDY)
+    assert mine.ended and theirs.ended
+    assert mine.chunks[0] == theirs.chunks[0]  # the prompt first
+
+    def flat(chunks):
+        return [t for c in chunks[1:] for t in (c if isinstance(c, list) else [c])]
+
+    assert flat(mine.chunks) == flat(theirs.chunks)
+
+
+class StopAfterToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_custom_stopping_criteria_inside_a_block(llama):
+    model, _ = llama
+    free = model.generate(PROMPT, **GREEDY)[0, 5:].tolist()
+    criteria = StoppingCriteriaList([StopAfterToken(free[7])])
+    ref = model.generate(PROMPT, stopping_criteria=criteria, **GREEDY)
+    got = specdec.SpeculativeModel(model, model, num_draft_tokens=8).generate(PROMPT, stopping_criteria=criteria, **GREEDY)
+    assert torch.equal(got, ref)
+    assert got.shape[1] < PROMPT.shape[1] + 20
+
+
+def test_generation_config_and_max_length(llama):
+    model, draft = llama
+    config = GenerationConfig(max_length=17, do_sample=False, eos_token_id=None, pad_token_id=0)
+    got = specdec.SpeculativeModel(model, draft).generate(PROMPT, generation_config=config)
+    assert got.shape[1] == 17
+    assert torch.equal(got, model.generate(PROMPT, generation_config=config))
+
+
+def test_min_new_tokens_with_eos(llama):
+    model, draft = llama
+    eos = model.generate(PROMPT, **GREEDY)[0, 5 + 2].item()
+    kwargs = dict(max_new_tokens=20, do_sample=False, eos_token_id=eos, min_new_tokens=10)
+    assert torch.equal(specdec.SpeculativeModel(model, draft).generate(PROMPT, **kwargs), model.generate(PROMPT, **kwargs))
+
+
+def test_patch_and_unpatch(llama):
+    model, draft = llama
+    ref = model.generate(PROMPT, **GREEDY)
+    wrapper = specdec.patch(model, draft, num_draft_tokens=3)
+    try:
+        assert wrapper.last_stats is None
+        got = model.generate(PROMPT, **GREEDY)
+        assert torch.equal(got, ref)
+        assert wrapper.last_stats is not None and wrapper.last_stats.num_draft_tokens == 3
+        with pytest.raises(RuntimeError, match="already patched"):
+            specdec.patch(model, draft)
+    finally:
+        specdec.unpatch(model)
+    model.generate(PROMPT, **GREEDY)
+    assert wrapper.last_stats.verifier_forwards > 0  # unchanged by the unpatched call
+    with pytest.raises(RuntimeError, match="not patched"):
+        specdec.unpatch(model)
+
+
+def test_functional_generate(llama):
+    model, draft = llama
+    got = specdec.generate(model, draft, PROMPT, num_draft_tokens=2, **GREEDY)
+    assert torch.equal(got, model.generate(PROMPT, **GREEDY))
+
+
+class CountingDrafter:
+    """A drafter written against the protocol: always proposes token 7."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def start(self, input_ids, attention_mask, max_len):
+        pass
+
+    def propose(self, sequences, k, ctx):
+        self.calls += 1
+        return Proposal(torch.full((sequences.shape[0], k), 7, dtype=torch.long))
+
+    def commit(self, sequences):
+        pass
+
+    def finish(self):
+        pass
+
+
+def test_custom_drafter_protocol(llama):
+    model, _ = llama
+    drafter = CountingDrafter()
+    got = specdec.SpeculativeModel(model, drafter, num_draft_tokens=3).generate(PROMPT, **GREEDY)
+    assert torch.equal(got, model.generate(PROMPT, **GREEDY))
+    assert drafter.calls > 0
+    # deterministic drafter under sampling: one-hot q
+    specdec.SpeculativeModel(model, drafter).generate(PROMPT, max_new_tokens=10, do_sample=True, eos_token_id=None)
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(num_beams=2), NotImplementedError, "beam search"),
+        (dict(num_return_sequences=2, do_sample=True), NotImplementedError, "several return sequences"),
+        (dict(output_attentions=True, return_dict_in_generate=True), NotImplementedError, "attentions"),
+        (dict(output_hidden_states=True, return_dict_in_generate=True), NotImplementedError, "hidden states"),
+        (dict(penalty_alpha=0.6, top_k=4), NotImplementedError, "contrastive"),
+        (dict(assistant_model="x"), NotImplementedError, "assistant_model"),
+        (dict(do_sample=True, temperature=-1.0), ValueError, "temperature"),
+        (dict(do_sample=True, top_p=1.5), ValueError, "top_p"),
+        (dict(repetition_penalty=0.0), ValueError, "repetition_penalty"),
+        (dict(num_draft_tokens=0), ValueError, "num_draft_tokens"),
+        (dict(frobnicate=3), (NotImplementedError, ValueError), "frobnicate"),
+    ],
+)
+def test_unsupported_or_invalid_arguments_are_named(llama, kwargs, error, match):
+    model, draft = llama
+    spec = specdec.SpeculativeModel(model, draft)
+    with pytest.raises(error, match=match):
+        spec.generate(PROMPT, **{"max_new_tokens": 5, **kwargs})
+
+
+def test_empty_prompt(llama):
+    model, draft = llama
+    spec = specdec.SpeculativeModel(model, draft)
+    with pytest.raises(ValueError, match="empty prompt"):
+        spec.generate(torch.zeros((1, 0), dtype=torch.long), max_new_tokens=5)
+    with pytest.raises(ValueError, match="input_ids"):
+        spec.generate(max_new_tokens=5)
+    with pytest.raises(ValueError, match="all zeros"):
+        spec.generate(torch.tensor([[1, 2], [3, 4]]), attention_mask=torch.tensor([[1, 1], [0, 0]]), max_new_tokens=5)
+
+
+def test_right_padding_is_refused(llama):
+    model, draft = llama
+    with pytest.raises(ValueError, match="left padding"):
+        specdec.SpeculativeModel(model, draft).generate(
+            torch.tensor([[1, 2, 0]]), attention_mask=torch.tensor([[1, 1, 0]]), max_new_tokens=5)
+
+
+def test_nothing_to_generate(llama):
+    model, draft = llama
+    with pytest.raises(ValueError, match="nothing to generate|max_length"):
+        specdec.SpeculativeModel(model, draft).generate(PROMPT, max_length=3)
+
+
+def test_mismatched_vocabularies():
+    verifier = make_model("llama")
+    torch.manual_seed(0)
+    other = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=5000, eos_token_id=2, bos_token_id=1))
+    with pytest.raises(specdec.VocabularyMismatchError, match="different tokenizers"):
+        specdec.SpeculativeModel(verifier, other)
+    other_eos = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=VOCAB, eos_token_id=9, bos_token_id=1))
+    with pytest.raises(specdec.VocabularyMismatchError, match="eos_token_id"):
+        specdec.SpeculativeModel(verifier, other_eos)
+
+
+def test_padded_drafter_head_is_accepted():
+    verifier = make_model("llama")
+    config = verifier.config.to_dict()
+    config["vocab_size"] = VOCAB + 32  # embedding matrix padded to a multiple of 64
+    torch.manual_seed(3)
+    draft = tf.LlamaForCausalLM(tf.LlamaConfig(**config)).eval()
+    with pytest.warns(UserWarning, match="padding"):
+        spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=3)
+    got = spec.generate(PROMPT, **GREEDY)
+    assert torch.equal(got, verifier.generate(PROMPT, **GREEDY))
+
+
+def test_unsupported_models():
+    t5 = tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16))
+    with pytest.raises(specdec.UnsupportedModelError, match="encoder-decoder"):
+        specdec.SpeculativeModel(t5, t5)
+    mamba = tf.MambaForCausalLM(tf.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, state_size=4))
+    with pytest.raises(specdec.UnsupportedModelError, match="mamba"):
+        specdec.SpeculativeModel(mamba, mamba)
+    with pytest.raises(TypeError, match="cannot use int as a drafter"):
+        specdec.SpeculativeModel(make_model("llama"), 42)
+    with pytest.raises(FileNotFoundError, match="never downloads"):
+        specdec.SpeculativeModel(make_model("llama"), "some-org/some-model")

@@ -1,0 +1,63 @@
+"""The embedded SmolLM2-135M-Instruct (Llama, GQA 9/3 heads): exactness with its int8 self-drafter, pipelines, stop strings."""
+
+import pytest
+import torch
+from transformers import pipeline
+
+import specdec
+from specdec.eval.side_by_side import BUILTIN_PROMPTS, encode_prompt
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spec(smollm2):
+    model, tokenizer = smollm2
+    return specdec.SpeculativeModel(model, "self:int8", num_draft_tokens=4, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("item", BUILTIN_PROMPTS[:3], ids=lambda item: item["task"])
+def test_greedy_identical_to_generate(smollm2, spec, item):
+    model, tokenizer = smollm2
+    ids = encode_prompt(tokenizer, item["prompt"])
+    kwargs = dict(max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    expected = model.generate(ids, **kwargs)
+    got = spec.generate(ids, **kwargs)
+    assert torch.equal(got, expected)
+    assert spec.last_stats.acceptance_rate > 0.3  # a quantized copy of the verifier agrees most of the time
+
+
+def test_patched_pipeline_matches_plain_pipeline(smollm2):
+    model, tokenizer = smollm2
+    pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)
+    messages = [{"role": "user", "content": "Name two planets."}]
+    plain = pipe(messages, max_new_tokens=24, do_sample=False)
+    wrapper = specdec.patch(model, "self:int8", tokenizer=tokenizer)
+    try:
+        fast = pipe(messages, max_new_tokens=24, do_sample=False)
+    finally:
+        specdec.unpatch(model)
+    assert fast == plain
+    assert wrapper.last_stats is not None and wrapper.last_stats.proposed > 0
+
+
+def test_stop_strings(smollm2, spec):
+    model, tokenizer = smollm2
+    ids = encode_prompt(tokenizer, "List five colours.")
+    base = dict(max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    free = tokenizer.decode(model.generate(ids, **base)[0, ids.shape[1]:], skip_special_tokens=True)
+    stop = free.split()[5]  # a word from the middle of the free-running answer
+    kwargs = dict(base, stop_strings=[stop], tokenizer=tokenizer)
+    expected = model.generate(ids, **kwargs)
+    got = spec.generate(ids, **kwargs)
+    assert torch.equal(got, expected)
+    assert tokenizer.decode(got[0, ids.shape[1]:]).endswith(stop) or stop in tokenizer.decode(got[0, -3:])
+
+
+def test_sampling_runs_and_is_reproducible(smollm2, spec):
+    model, tokenizer = smollm2
+    ids = encode_prompt(tokenizer, "Tell me a fun fact.")
+    kwargs = dict(max_new_tokens=24, do_sample=True, temperature=0.8, top_p=0.95, pad_token_id=tokenizer.eos_token_id)
+    a = spec.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs)
+    b = spec.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs)
+    assert torch.equal(a, b)
