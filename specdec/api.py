@@ -17,6 +17,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from specdec.arguments import prepare_generation
 from specdec.drafters import Drafter, resolve_drafter
 from specdec.engine import speculative_generate
+from specdec.sizing import check_fits
 from specdec.stats import SpecStats
 from specdec.verifiers.hf import CausalLMRunner
 
@@ -40,6 +41,8 @@ class SpeculativeModel:
         num_draft_tokens: tokens drafted per verifier pass (``k``).
         tokenizer / draft_tokenizer: optional, used to check the vocabularies match exactly and for
             ``stop_strings``.
+        memory_budget: bytes (or a string like ``"8GiB"``) the caches of one call may use; default:
+            what is free on the model's device. A call whose caches cannot fit fails before any compute.
     """
 
     def __init__(
@@ -49,8 +52,10 @@ class SpeculativeModel:
         num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
         tokenizer: Any = None,
         draft_tokenizer: Any = None,
+        memory_budget: int | str | None = None,
     ) -> None:
         _check_k(num_draft_tokens)
+        self.memory_budget = memory_budget
         self.model = model
         self.tokenizer = tokenizer
         self.verifier = CausalLMRunner(model, role="verifier")
@@ -99,6 +104,7 @@ class SpeculativeModel:
         device = self.model.device
         if setup.input_ids.device != device:
             raise ValueError(f"input_ids are on {setup.input_ids.device} but the model is on {device}")
+        self._check_memory(setup.input_ids.shape, setup.max_length, k)
         result = speculative_generate(
             self.verifier,
             self.drafter,
@@ -114,6 +120,23 @@ class SpeculativeModel:
             return result.sequences
         return SpeculativeOutput(
             sequences=result.sequences, scores=result.scores, logits=result.logits, spec_stats=result.stats
+        )
+
+
+    def _check_memory(self, shape: torch.Size, max_len: int, k: int) -> None:
+        """Raise ``specdec.sizing.PlanError`` before any compute if the managed caches cannot fit."""
+        draft_model = getattr(self.drafter, "model", None)
+        check_fits(
+            self.model.config,
+            getattr(draft_model, "config", None),
+            batch_size=shape[0],
+            max_len=max_len,
+            dtype=self.model.dtype,
+            memory_budget_bytes=self.memory_budget,
+            drafter_dtype=getattr(draft_model, "dtype", None),
+            device=self.model.device,
+            prefill_tokens=shape[1],
+            draft_len=k,
         )
 
 

@@ -24,6 +24,7 @@ exactly what it allocates, and the planner budgets with it.
 Public API: :func:`load_config`, :func:`kv_layout`, :func:`kv_profile`, :func:`kv_bytes_per_token`,
 :func:`kv_bytes_per_sequence`, :func:`kv_cache_bytes`, :func:`naive_kv_bytes_per_token`,
 :func:`managed_cache_bytes`, :func:`param_breakdown`, :func:`param_count`, :func:`weight_bytes`,
+:func:`copy_weight_bytes`,
 :func:`parse_quant`, :func:`parse_memory`, :func:`available_memory`, :func:`activation_bytes`,
 :func:`cache_len`, :func:`check_fits`, :func:`plan`, :class:`Plan`, :class:`PlanError`,
 :func:`add_plan_arguments`, :func:`run_plan`.
@@ -1331,7 +1332,7 @@ def plan(
     draft_quant: str | None = None,
     draft_len: int = 8,
     headroom: int | float | str | None = "auto",
-    prefill_chunk: int | None = None,
+    prompt_len: int | None = None,
 ) -> Plan:
     """Plan memory for speculative decoding with ``verifier`` (+ ``drafter``) and say what fits.
 
@@ -1352,8 +1353,8 @@ def plan(
         headroom: runtime reserve on top of the activation estimate: bytes, a size string, a
             fraction of ``memory``, or ``"auto"`` (1 GiB: CUDA context and allocator slack, or the
             Python/torch process on CPU).
-        prefill_chunk: prompt tokens per row per prefill forward (default: the whole context, as a
-            single transformers forward does).
+        prompt_len: prompt tokens per row (default: the whole context, the worst case). The engine
+            prefills every row's whole prompt in one forward, so this sets the activation peak.
 
     Raises:
         PlanError: when ``memory`` is given and nothing fits: not even batch 1 at the context, nor
@@ -1375,8 +1376,8 @@ def plan(
     rows = batch if batch is not None else 1
     _check_positive("context", ctx)
     _check_positive("batch", rows)
-    if prefill_chunk is not None:
-        _check_positive("prefill_chunk", prefill_chunk)
+    if prompt_len is not None:
+        _check_positive("prompt_len", prompt_len)
     if isinstance(memory, str) and memory.strip().lower() == "auto":
         budget: int | None = available_memory()
     else:
@@ -1405,7 +1406,7 @@ def plan(
         slots = c + extra
         v_cache = b * slots * (v_naive if naive else v_tok)  # == managed_cache_bytes(vcfg, b, slots, kv_n)
         d_cache = b * slots * (d_naive if naive else d_tok)
-        prefill = min(c, prefill_chunk) if prefill_chunk else c
+        prefill = min(c, prompt_len) if prompt_len else c
         act = _activations(vcfg, dcfg, b, prefill, draft_len, dtype_n, d_kv_n)
         return v_cache, d_cache, act, v_weights + d_weights + v_cache + d_cache + act + reserve
 
@@ -1451,7 +1452,7 @@ def plan(
         query_heads=profile.query_heads,
         head_dim=profile.head_dim,
         model_max_context=model_max,
-        prefill_tokens=min(ctx, prefill_chunk) if prefill_chunk else ctx,
+        prefill_tokens=min(ctx, prompt_len) if prompt_len else ctx,
         kv_geometry=(f"MLA latent {varch.mla['kv_lora_rank']} + rope key {varch.mla['qk_rope_head_dim']}"
                      if varch.mla else f"{varch.kv_heads} KV heads x head_dim {varch.head_dim}"),
         drafter_shares_weights=self_copy,
@@ -1478,7 +1479,7 @@ def plan(
             msg = (f"nothing fits in {format_bytes(budget)}: weights take {format_bytes(weights)} "
                    f"(verifier {format_bytes(v_weights)}" + (f", drafter {format_bytes(d_weights)}" if dcfg else "")
                    + f") plus {format_bytes(reserve)} runtime reserve. "
-                   + _weight_tips(vcfg, dcfg, dtype_n, wq, dq, budget, reserve))
+                   + _weight_tips(vcfg, d_weights, dtype_n, wq, budget, reserve))
         else:
             best_c = _max_int(lambda c: fits(1, c), 1, model_max)
             small_c = min(ctx, 2048)
@@ -1487,7 +1488,7 @@ def plan(
                    f"context {ctx:,}, nor 1 token at batch {rows}. Lower both: batch 1 fits up to context "
                    f"{best_c:,}; context {small_c:,} fits up to batch {best_b}"
                    + (f"; or use a smaller dtype ({_smaller_dtype(dtype_n)})" if _smaller_dtype(dtype_n) else "")
-                   + (f" or KV dtype" if kv_n == dtype_n else "") + ".")
+                   + ".")
         raise PlanError(msg, result)
     if not result.fits:
         tips = []
@@ -1518,15 +1519,16 @@ def _is_self_draft(verifier: Any, drafter: Any) -> bool:
     return False
 
 
-def _weight_tips(vcfg: Any, dcfg: Any, dtype: str, wq: QuantScheme | None, dq: QuantScheme | None, budget: int,
+def _weight_tips(vcfg: Any, drafter_weights: int, dtype: str, wq: QuantScheme | None, budget: int,
                  reserve: int) -> str:
+    """What would make the weights fit: a smaller dtype, or quantizing the verifier's linears."""
     tips = []
     for scheme in ("int8", "int4"):
         if wq is not None and wq.bits <= parse_quant(scheme).bits:
             continue
-        w = weight_bytes(vcfg, dtype, scheme) + (weight_bytes(dcfg, dtype, dq or scheme) if dcfg is not None else 0)
-        verdict = "leaves" if w + reserve < budget else "still exceeds"
-        tips.append(f"--quant {scheme} brings the weights to {format_bytes(w)} ({verdict} room)")
+        w = weight_bytes(vcfg, dtype, scheme) + drafter_weights
+        verdict = "would leave room" if w + reserve < budget else "still too much"
+        tips.append(f"--quant {scheme} brings the weights to {format_bytes(w)} ({verdict})")
     smaller = _smaller_dtype(dtype)
     if smaller:
         tips.insert(0, f"--dtype {smaller} halves the weights")
@@ -1558,8 +1560,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory budget, e.g. 80GiB, 24GB, 512MiB, bytes, or 'auto' (free RAM now)")
     parser.add_argument("--headroom", default="auto",
                         help="runtime reserve besides activations: size or 'auto' (1GiB)")
-    parser.add_argument("--prefill-chunk", type=int, default=None,
-                        help="prompt tokens per row per prefill forward (default: whole context)")
+    parser.add_argument("--prompt-len", type=int, default=None,
+                        help="prompt tokens per row, which sets the prefill activation peak (default: the whole context)")
     parser.add_argument("--json", action="store_true", help="also print the plan as one JSON object (last line)")
 
 
@@ -1580,7 +1582,7 @@ def run_plan(args: argparse.Namespace) -> int:
             draft_quant=args.draft_quant,
             draft_len=args.draft_len,
             headroom=getattr(args, "headroom", "auto"),
-            prefill_chunk=getattr(args, "prefill_chunk", None),
+            prompt_len=getattr(args, "prompt_len", None),
         )
     except PlanError as exc:
         print(f"specdec plan: {exc}", file=sys.stderr)

@@ -236,3 +236,18 @@ def test_unsupported_models():
         specdec.SpeculativeModel(make_model("llama"), 42)
     with pytest.raises(FileNotFoundError, match="never downloads"):
         specdec.SpeculativeModel(make_model("llama"), "some-org/some-model")
+
+
+def test_request_that_cannot_fit_fails_before_compute(llama):
+    from specdec.sizing import PlanError
+
+    model, draft = llama
+    calls = []
+    hook = model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        spec = specdec.SpeculativeModel(model, draft, memory_budget="64KiB")
+        with pytest.raises(PlanError, match="batch|context|length"):
+            spec.generate(PROMPT.expand(8, -1), max_new_tokens=500, do_sample=False)
+    finally:
+        hook.remove()
+    assert calls == []

@@ -522,3 +522,16 @@ def test_run_plan_errors(capsys):
                       "--json"], capsys)
     data = json.loads(out.strip().splitlines()[-1])
     assert code == 1 and data["fits"] is False and data["max_batch"] < 16
+
+
+def test_prompt_len_and_headroom_options():
+    full = sizing.plan("llama-3-8b", "llama-3.2-1b", memory="80GiB", context=8192)
+    short = sizing.plan("llama-3-8b", "llama-3.2-1b", memory="80GiB", context=8192, prompt_len=1024)
+    assert short.prefill_tokens == 1024 and short.activation_bytes < full.activation_bytes
+    assert short.max_batch > full.max_batch
+    assert short.verifier_cache_bytes == full.verifier_cache_bytes  # the cache still holds the whole context
+    assert sizing.plan("smollm2-135m", memory="10GiB", headroom="10%").runtime_reserve_bytes == GiB
+    assert sizing.plan("smollm2-135m", memory="10GiB", headroom=0.5).runtime_reserve_bytes == 5 * GiB
+    assert sizing.plan("smollm2-135m", headroom="2GiB").runtime_reserve_bytes == 2 * GiB
+    with pytest.raises(ValueError, match="memory budget"):
+        sizing.plan("smollm2-135m", headroom=0.5)
