@@ -32,8 +32,6 @@ def _load(args: argparse.Namespace):
     import specdec
     from specdec.models import load_model
 
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise SystemExit("error: --max-new-tokens must be >= 1")
     _log(f"loading {args.model} ...")
     model, tokenizer = load_model(args.model)
     k = args.num_draft_tokens or specdec.DEFAULT_NUM_DRAFT_TOKENS
@@ -41,6 +39,13 @@ def _load(args: argparse.Namespace):
     spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer)
     spec.draft_name = args.draft
     return model, tokenizer, spec
+
+
+def _check_lengths(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise SystemExit("error: --max-new-tokens must be >= 1")
+    if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
+        raise SystemExit("error: --num-draft-tokens must be >= 1")
 
 
 def _read_prompts(path: str) -> list[dict[str, str]]:
@@ -89,12 +94,14 @@ def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int
 def cmd_demo(args: argparse.Namespace) -> int:
     from specdec.eval.side_by_side import BUILTIN_PROMPTS
 
+    _check_lengths(args)
     if args.prompts is not None and args.prompts < 1:
         raise SystemExit("error: --prompts must be >= 1")
     return _run_compare(args, BUILTIN_PROMPTS[: args.prompts])
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    _check_lengths(args)
     if (args.prompt is None) == (args.prompts is None):
         raise SystemExit("error: give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     prompts = [{"task": "prompt", "prompt": args.prompt}] if args.prompt is not None else _read_prompts(args.prompts)
