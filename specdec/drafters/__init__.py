@@ -8,11 +8,13 @@ import torch
 
 from specdec.drafters.base import DraftContext, Drafter, Proposal
 from specdec.drafters.model import ModelDrafter, VocabularyMismatchError, check_vocab_compat
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
 __all__ = [
     "DraftContext",
     "Drafter",
     "ModelDrafter",
+    "PromptLookupDrafter",
     "Proposal",
     "VocabularyMismatchError",
     "check_vocab_compat",
@@ -30,8 +32,11 @@ def resolve_drafter(
     """Build a drafter from a user-facing spec.
 
     ``draft`` may be a :class:`Drafter`, a transformers causal LM, ``"self:SCHEME"`` (a quantized
-    copy of the verifier, e.g. ``"self:int8"``), or a local model directory.
+    copy of the verifier, e.g. ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model), or a
+    local model directory.
     """
+    if draft == "prompt-lookup":
+        return PromptLookupDrafter()
     if isinstance(draft, str) and draft.startswith("self:"):
         from specdec.quant import quantize
 
