@@ -15,6 +15,7 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from specdec.arguments import prepare_generation
+from specdec.draft_length import AdaptiveDraftLength
 from specdec.drafters import Drafter, resolve_drafter
 from specdec.engine import speculative_generate
 from specdec.sizing import check_fits
@@ -43,6 +44,9 @@ class SpeculativeModel:
             ``stop_strings``.
         memory_budget: bytes (or a string like ``"8GiB"``) the caches of one call may use; default:
             what is free on the model's device. A call whose caches cannot fit fails before any compute.
+        adaptive: choose the draft length per step (up to ``num_draft_tokens``) from online
+            acceptance and cost estimates (:class:`~specdec.draft_length.AdaptiveDraftLength`); the
+            estimates carry over between calls.
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class SpeculativeModel:
         tokenizer: Any = None,
         draft_tokenizer: Any = None,
         memory_budget: int | str | None = None,
+        adaptive: bool = False,
     ) -> None:
         _check_k(num_draft_tokens)
         self.memory_budget = memory_budget
@@ -63,6 +68,7 @@ class SpeculativeModel:
             draft, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
         )
         self.num_draft_tokens = num_draft_tokens
+        self.policy = AdaptiveDraftLength(max_k=num_draft_tokens) if adaptive else None
         self.last_stats: SpecStats | None = None
 
     def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the verifier
@@ -89,6 +95,7 @@ class SpeculativeModel:
         """
         k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         _check_k(k)
+        policy = self.policy if self.policy is not None and num_draft_tokens is None else k
         kwargs.setdefault("tokenizer", self.tokenizer)
         tokenizer = kwargs.pop("tokenizer")
         setup = prepare_generation(
@@ -109,7 +116,7 @@ class SpeculativeModel:
             self.verifier,
             self.drafter,
             setup,
-            k,
+            policy,
             streamer=streamer,
             generator=generator,
             output_scores=bool(setup.config.return_dict_in_generate and setup.config.output_scores),

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 
 from specdec.acceptance import greedy_accept, rejection_accept
 from specdec.arguments import GenerationSetup
+from specdec.draft_length import FixedDraftLength
 from specdec.drafters.base import DraftContext, Drafter
 from specdec.stats import SpecStats
 from specdec.verifiers.hf import CausalLMRunner
@@ -83,15 +85,20 @@ def speculative_generate(
     verifier: CausalLMRunner,
     drafter: Drafter,
     setup: GenerationSetup,
-    num_draft_tokens: int,
+    num_draft_tokens: int | Any,
     streamer: BaseStreamer | None = None,
     generator: torch.Generator | None = None,
     output_scores: bool = False,
     output_logits: bool = False,
 ) -> EngineResult:
-    """Generate with ``drafter`` proposing up to ``num_draft_tokens`` per verifier pass."""
+    """Generate with ``drafter`` proposing up to ``num_draft_tokens`` per verifier pass.
+
+    ``num_draft_tokens`` is an int or a draft-length policy (see :mod:`specdec.draft_length`).
+    """
     start = time.perf_counter()
-    stats = SpecStats(num_draft_tokens=num_draft_tokens, batch_size=setup.input_ids.shape[0])
+    policy = FixedDraftLength(num_draft_tokens) if isinstance(num_draft_tokens, int) else num_draft_tokens
+    k_max = num_draft_tokens if isinstance(num_draft_tokens, int) else policy.max_k
+    stats = SpecStats(num_draft_tokens=k_max, batch_size=setup.input_ids.shape[0])
     out = _Committer(setup, streamer, output_scores, output_logits)
     max_len = setup.max_length
     if streamer is not None:
@@ -107,9 +114,12 @@ def speculative_generate(
     try:
         while not out.done and out.sequences.shape[1] < max_len:
             seq = out.sequences
-            proposal = drafter.propose(seq, min(num_draft_tokens, max_len - seq.shape[1] - 1), ctx)
+            t0 = time.perf_counter()
+            proposal = drafter.propose(seq, policy.choose(max_len - seq.shape[1] - 1), ctx)
             drafts = proposal.tokens
+            t1 = time.perf_counter()
             logits = verifier.forward(torch.cat([seq[:, verifier.length :], drafts], dim=-1)).float()
+            t2 = time.perf_counter()
             scores = _process(setup, seq, drafts, logits)
             if setup.do_sample:
                 p = torch.softmax(scores, dim=-1)
@@ -122,6 +132,7 @@ def speculative_generate(
             active = out.unfinished.bool()
             n = int(accepted[active].min())
             added = out.add(tokens[:, : n + 1], scores, logits)
+            policy.update(drafts.shape[1], n, t1 - t0, t2 - t1)
             stats.record_step(drafts.shape[1], accepted[active].tolist(), added, int(active.sum()))
             verifier.rollback(out.sequences.shape[1] - 1)
             drafter.commit(out.sequences)

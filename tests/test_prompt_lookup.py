@@ -49,3 +49,80 @@ def test_greedy_exact_with_prompt_lookup(arch):
 def test_bad_ngram_range():
     with pytest.raises(ValueError, match="min_ngram"):
         PromptLookupDrafter(min_ngram=3, max_ngram=2)
+
+
+# --- composite, layer-skip and adaptive draft length -------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_composite_is_exact_and_uses_both(arch):
+    from specdec.drafters import CompositeDrafter, ModelDrafter
+    from tiny_models import perturbed_copy
+
+    model = make_model(arch)
+    drafter = CompositeDrafter(ModelDrafter(perturbed_copy(model, 0.05)))
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7, 30, 31, 32]])
+    kwargs = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=4)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
+    assert drafter.model_steps > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_neox", "qwen3"])
+def test_layer_skip_shares_weights_and_is_exact(arch):
+    model = make_model(arch)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    spec = specdec.SpeculativeModel(model, "layer-skip:1", num_draft_tokens=3)
+    draft_model = spec.drafter.model
+    assert draft_model.config.num_hidden_layers == 1 and model.config.num_hidden_layers == 2
+    shared = {p.data_ptr() for p in model.parameters()}
+    assert all(p.data_ptr() in shared for p in draft_model.parameters())
+    ids = torch.tensor([[4, 9, 13, 2, 77]])
+    kwargs = dict(max_new_tokens=25, do_sample=False, eos_token_id=None)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_layer_skip_bad_counts():
+    model = make_model("llama")
+    for spec in ("layer-skip:0", "layer-skip:2", "layer-skip:x"):
+        with pytest.raises(ValueError, match="layer"):
+            specdec.SpeculativeModel(model, spec)
+
+
+def test_adaptive_draft_length_is_exact_and_adapts():
+    from specdec.draft_length import AdaptiveDraftLength, expected_tokens
+    from tiny_models import perturbed_copy
+
+    model = make_model("qwen2")
+    ids = torch.tensor([[4, 9, 13, 2, 77, 5]])
+    kwargs = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=8, adaptive=True)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
+    assert len(set(spec.policy.history)) > 1
+    # the controller's arithmetic
+    assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 5) == 6.0
+    policy = AdaptiveDraftLength(max_k=8)
+    for _ in range(20):  # perfect acceptance, free drafts, flat verify cost -> draft the most
+        policy.update(4, 4, 0.0001, 0.1)
+    assert policy.choose(100) == 8
+    for _ in range(20):  # nothing accepted, drafts as costly as verification -> draft the least
+        policy.update(4, 0, 0.1, 0.1)
+    assert policy.choose(100) == 1
+    with pytest.raises(ValueError):
+        AdaptiveDraftLength(max_k=0)
+
+
+def test_confidence_threshold_stops_drafting_early():
+    from specdec.drafters import ModelDrafter
+    from tiny_models import perturbed_copy
+
+    model = make_model("llama")
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        ModelDrafter(model, confidence_threshold=1.5)
+    drafter = ModelDrafter(perturbed_copy(model, 0.05), confidence_threshold=0.99)
+    ids = torch.tensor([[4, 9, 13, 2, 77, 5]])
+    kwargs = dict(max_new_tokens=30, do_sample=False, eos_token_id=None)
+    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=8)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
+    assert spec.last_stats.proposed < 8 * spec.last_stats.verifier_forwards

@@ -8,9 +8,13 @@ import torch
 
 from specdec.drafters.base import DraftContext, Drafter, Proposal
 from specdec.drafters.model import ModelDrafter, VocabularyMismatchError, check_vocab_compat
+from specdec.drafters.composite import CompositeDrafter
+from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
 __all__ = [
+    "CompositeDrafter",
+    "LayerSkipDrafter",
     "DraftContext",
     "Drafter",
     "ModelDrafter",
@@ -32,11 +36,21 @@ def resolve_drafter(
     """Build a drafter from a user-facing spec.
 
     ``draft`` may be a :class:`Drafter`, a transformers causal LM, ``"self:SCHEME"`` (a quantized
-    copy of the verifier, e.g. ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model), or a
-    local model directory.
+    copy of the verifier, e.g. ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model),
+    ``"composite"`` / ``"composite:SCHEME"`` (prompt lookup, else a quantized self-copy; default int8),
+    ``"layer-skip:N"`` (the verifier's first N layers), or a local model directory.
     """
     if draft == "prompt-lookup":
         return PromptLookupDrafter()
+    if isinstance(draft, str) and (draft == "composite" or draft.startswith("composite:")):
+        scheme = draft.split(":", 1)[1] if ":" in draft else "int8"
+        return CompositeDrafter(resolve_drafter(f"self:{scheme}", verifier))
+    if isinstance(draft, str) and draft.startswith("layer-skip:"):
+        try:
+            layers = int(draft.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"layer-skip needs a layer count, e.g. 'layer-skip:8', got {draft!r}") from None
+        return LayerSkipDrafter(verifier, layers)
     if isinstance(draft, str) and draft.startswith("self:"):
         from specdec.quant import quantize
 

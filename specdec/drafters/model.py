@@ -72,7 +72,11 @@ class ModelDrafter:
     and feeds the rest (the verifier's correction or bonus token) at the start of the next proposal.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None) -> None:
+        """``confidence_threshold``: stop drafting early once the drafter's top probability drops below it."""
+        if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
+            raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
+        self.confidence_threshold = confidence_threshold
         self.model = model.eval()
         self.runner = CausalLMRunner(model, role="drafter")
         self._cached_ids: torch.Tensor | None = None  # token ids whose keys/values are in the cache
@@ -103,14 +107,17 @@ class ModelDrafter:
         ids, tokens, probs = sequences, [], []
         for i in range(k):
             scores = self._scores(logits, ids, ctx)
+            p = torch.softmax(scores, dim=-1) if ctx.do_sample or self.confidence_threshold else None
             if ctx.do_sample:
-                p = torch.softmax(scores, dim=-1)
                 token = torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1)
                 probs.append(p)
             else:
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             ids = torch.cat([ids, token.unsqueeze(-1)], dim=-1)
+            # An unsure drafter is likely wrong: stop and let the verifier speak (keep >= 1 draft).
+            if self.confidence_threshold and bool((p.max(dim=-1).values < self.confidence_threshold).all()):
+                break
             if i < k - 1:
                 logits = self.runner.forward(token.unsqueeze(-1))[:, -1]
                 self.forwards += 1

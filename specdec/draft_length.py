@@ -1,0 +1,99 @@
+"""How many tokens to draft each step: a fixed ``k``, or an online controller.
+
+With per-token acceptance probability ``a``, a pass that drafts ``k`` tokens commits on average
+``(1 - a**(k+1)) / (1 - a)`` tokens and costs ``k * draft_cost + verify_cost(k)``. The adaptive
+policy estimates ``a`` (exponential moving average over steps), the draft cost per token and the
+verify cost per ``k`` (a least-squares line through measured passes: on a memory-bound CPU it
+grows slowly with ``k``) and picks the ``k`` with the most expected tokens per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class FixedDraftLength:
+    """Always draft ``k`` tokens (fewer only where max_length leaves less room)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, limit: int) -> int:
+        return max(0, min(self.k, limit))
+
+    def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens committed by a pass with ``k`` drafts and per-token acceptance ``a``."""
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass
+class AdaptiveDraftLength:
+    """Pick ``k`` per step to maximise expected committed tokens per second.
+
+    Args:
+        max_k / min_k: the range searched.
+        decay: weight of the past in the moving averages (0.8 ~ the last five steps).
+        prior_acceptance: the acceptance assumed before any step.
+    """
+
+    max_k: int = 8
+    min_k: int = 1
+    decay: float = 0.8
+    prior_acceptance: float = 0.7
+    acceptance: float = field(init=False)
+    draft_cost: float | None = field(init=False, default=None)
+    verify_costs: dict[int, float] = field(init=False, default_factory=dict)
+    history: list[int] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_k <= self.max_k:
+            raise ValueError(f"need 1 <= min_k <= max_k, got {self.min_k}, {self.max_k}")
+        if not 0 <= self.decay < 1:
+            raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+        self.acceptance = self.prior_acceptance
+
+    def _verify_cost(self, k: int) -> float:
+        """Measured cost of a pass over ``k`` drafts, from a line through the measured passes."""
+        points = sorted(self.verify_costs.items())
+        if len(points) == 1:
+            (k0, v0), = points
+            return v0 * (1 + 0.05 * (k - k0))  # prior: ~5% more per extra token until measured
+        n = len(points)
+        mean_k = sum(p[0] for p in points) / n
+        mean_v = sum(p[1] for p in points) / n
+        var = sum((p[0] - mean_k) ** 2 for p in points)
+        slope = max(0.0, sum((p[0] - mean_k) * (p[1] - mean_v) for p in points) / var)
+        return mean_v + slope * (k - mean_k)
+
+    def choose(self, limit: int) -> int:
+        upper = min(self.max_k, limit)
+        if upper < self.min_k:
+            return max(0, upper)
+        if self.draft_cost is None or not self.verify_costs:
+            k = min(upper, max(self.min_k, (self.min_k + self.max_k) // 2))
+        else:
+            a = min(max(self.acceptance, 0.0), 0.999)
+            k = max(
+                range(self.min_k, upper + 1),
+                key=lambda k: expected_tokens(a, k) / (k * self.draft_cost + self._verify_cost(k)),
+            )
+        self.history.append(k)
+        return k
+
+    def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        if proposed <= 0:
+            return
+        # Bernoulli trials until the first rejection: each accepted token, plus the rejected one.
+        trials = accepted + (1 if accepted < proposed else 0)
+        rate = accepted / trials if trials else self.acceptance
+        self.acceptance = self.decay * self.acceptance + (1 - self.decay) * rate
+        per_token = draft_seconds / proposed
+        self.draft_cost = per_token if self.draft_cost is None else self.decay * self.draft_cost + (1 - self.decay) * per_token
+        old = self.verify_costs.get(proposed)
+        self.verify_costs[proposed] = verify_seconds if old is None else self.decay * old + (1 - self.decay) * verify_seconds

@@ -1,0 +1,55 @@
+"""Layer-skip self-drafting: the verifier's first N decoder layers plus its own final norm and head.
+
+No second model and no extra weights: the drafter's modules *are* the verifier's (shared, not copied).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from specdec.drafters.model import ModelDrafter
+
+
+def _decoder_layers_path(model: torch.nn.Module, num_layers: int) -> list[str]:
+    """Attribute path to the ModuleList holding the decoder layers (e.g. ['model', 'layers'])."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and name:
+            return name.split(".")
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} for layer-skip drafting")
+
+
+def truncated_model(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
+    """A view of ``model`` that runs only its first ``num_layers`` decoder layers (weights shared)."""
+    config = model.config
+    total = int(config.num_hidden_layers)
+    if not 1 <= num_layers < total:
+        raise ValueError(f"layer-skip needs 1 <= N < {total} (the verifier's layer count), got {num_layers}")
+    path = _decoder_layers_path(model, total)
+    small_config = copy.deepcopy(config)
+    small_config.num_hidden_layers = num_layers
+    if getattr(small_config, "layer_types", None):
+        small_config.layer_types = list(small_config.layer_types)[:num_layers]
+    # Shallow-copy each container on the path (so the verifier is untouched), share everything else.
+    root = copy.copy(model)
+    root._modules = dict(model._modules)
+    parent = root
+    for name in path[:-1]:
+        child = copy.copy(parent._modules[name])
+        child._modules = dict(child._modules)
+        parent._modules[name] = child
+        parent = child
+    parent._modules[path[-1]] = torch.nn.ModuleList(list(parent._modules[path[-1]])[:num_layers])
+    for module in [root, *[root.get_submodule(".".join(path[: i + 1])) for i in range(len(path) - 1)]]:
+        if hasattr(module, "config"):
+            module.config = small_config
+    return root
+
+
+class LayerSkipDrafter(ModelDrafter):
+    """Drafts with the first ``num_layers`` layers of the verifier (optionally early-stopping on low confidence)."""
+
+    def __init__(self, verifier: torch.nn.Module, num_layers: int, confidence_threshold: float | None = None) -> None:
+        super().__init__(truncated_model(verifier, num_layers), confidence_threshold=confidence_threshold)
+        self.num_layers = num_layers
