@@ -17,7 +17,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from specdec.arguments import prepare_generation
 from specdec.draft_length import AdaptiveDraftLength
 from specdec.drafters import Drafter, resolve_drafter
-from specdec.engine import speculative_generate
+from specdec.engine import cache_slots, speculative_generate
 from specdec.sizing import check_fits
 from specdec.stats import SpecStats
 from specdec.verifiers.hf import CausalLMRunner
@@ -111,7 +111,12 @@ class SpeculativeModel:
         device = self.model.device
         if setup.input_ids.device != device:
             raise ValueError(f"input_ids are on {setup.input_ids.device} but the model is on {device}")
-        self._check_memory(setup.input_ids.shape, setup.max_length, k)
+        batch = setup.input_ids.shape[0]
+        if batch > 1 and streamer is not None:
+            raise NotImplementedError("specdec streams batch size 1 only (rows advance by different amounts per step)")
+        if batch > 1 and setup.config.return_dict_in_generate and (setup.config.output_scores or setup.config.output_logits):
+            raise NotImplementedError("output_scores / output_logits are supported for batch size 1 only")
+        self._check_memory(setup.input_ids.shape, cache_slots(setup, k), k)
         result = speculative_generate(
             self.verifier,
             self.drafter,

@@ -1,13 +1,11 @@
-"""The speculative decoding loop (DESIGN.md section 1).
+"""The speculative decoding loop (DESIGN.md section 1), for one row or a ragged batch.
 
-Cache invariant between steps: the verifier's cache holds every committed token except the newest
-(whose keys are computed as the first position of the next verify pass); the drafter holds the
-longest prefix of the committed tokens it has seen.
+Cache invariant between steps: the verifier's cache holds, for every active row, each committed
+token except the newest (whose keys are computed as the first position of the next verify pass);
+the drafter holds the longest prefix of each row that it has seen and that was committed.
 
-Batches share one cache pointer, so each step commits the same number of tokens in every active
-row: the smallest accepted prefix plus one verifier token. Accepting fewer drafts than allowed is
-still exact (greedy: the verifier's token at that position *is* the next draft; sampling: each
-committed token is a valid draw from p at its position), it only costs speed on ragged batches.
+Each row accepts its own number of drafts per pass (rows drift apart; the runner masks the slots a
+row did not keep). Rows that finish leave the batch, so they cost no more drafter or verifier work.
 """
 
 from __future__ import annotations
@@ -35,50 +33,103 @@ class EngineResult:
     logits: tuple[torch.Tensor, ...] | None = None
 
 
-class _Committer:
-    """Appends tokens one at a time with transformers' exact stop, padding and streaming rules."""
+def cache_slots(setup: GenerationSetup, num_draft_tokens: int) -> int:
+    """Slots each managed cache is preallocated with.
+
+    One row never needs more than ``max_length``. Ragged rows leave holes (slots a row did not keep);
+    some slack makes the compaction that squeezes them out rare.
+    """
+    batch, prompt = setup.input_ids.shape
+    slack = 0 if batch == 1 else (setup.max_length - prompt) // 4 + 2 * (num_draft_tokens + 1)
+    return setup.max_length + slack
+
+
+class _Rows:
+    """Committed rows in transformers' layout (left padding + tokens), with its exact stop rules.
+
+    With an EOS criterion a finished row stops and is padded with ``pad_token_id`` at the end, as
+    ``generate`` pads it. Without one, ``generate`` keeps extending finished rows until all rows
+    have stopped; so do we, and each row is then cut to the length at which the last row stopped.
+    """
 
     def __init__(self, setup: GenerationSetup, streamer: BaseStreamer | None, keep_scores: bool, keep_logits: bool):
         self.setup, self.streamer = setup, streamer
-        self.sequences = setup.input_ids
-        self.unfinished = torch.ones(setup.input_ids.shape[0], dtype=torch.long, device=setup.input_ids.device)
-        self.scores: list[torch.Tensor] | None = [] if keep_scores else None
-        self.logits: list[torch.Tensor] | None = [] if keep_logits else None
+        self.rows = list(setup.input_ids)
+        self.stopped_at: list[int | None] = [None] * len(self.rows)
+        self.active = list(range(len(self.rows)))  # original indices of rows still generating
+        self.scores = [[] for _ in self.rows] if keep_scores else None
+        self.logits = [[] for _ in self.rows] if keep_logits else None
 
     @property
     def done(self) -> bool:
-        return not bool(self.unfinished.any())
+        return not self.active
 
-    def add(self, tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> int:
-        """Commit ``tokens [batch, m]`` left to right until every row stops; return how many were added."""
-        for j in range(tokens.shape[1]):
-            token = tokens[:, j]
-            if self.setup.has_eos_criteria and self.setup.pad_token_id is not None:
-                token = token * self.unfinished + self.setup.pad_token_id * (1 - self.unfinished)
-            self.sequences = torch.cat([self.sequences, token.unsqueeze(-1)], dim=-1)
+    def add(self, r: int, tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> int:
+        """Commit ``tokens [m]`` to row ``r`` left to right; return how many were taken."""
+        for j in range(tokens.shape[0]):
+            self.rows[r] = torch.cat([self.rows[r], tokens[j : j + 1]])
             if self.scores is not None:
-                self.scores.append(scores[:, j])
+                self.scores[r].append(scores[j])
             if self.logits is not None:
-                self.logits.append(logits[:, j])
+                self.logits[r].append(logits[j])
             if self.streamer is not None:
-                self.streamer.put(token.cpu())
-            self.unfinished = self.unfinished & ~self.setup.stopping(self.sequences, None).to(self.unfinished.device)
-            if self.done:
-                return j + 1
-        return tokens.shape[1]
+                self.streamer.put(tokens[j : j + 1].cpu())
+            if self.stopped_at[r] is None and bool(self.setup.stopping(self.rows[r].unsqueeze(0), None)[0]):
+                self.stopped_at[r] = len(self.rows[r])
+                if self.setup.has_eos_criteria:
+                    return j + 1
+        return tokens.shape[0]
+
+    def retire(self) -> list[int]:
+        """Drop finished rows from ``active``; return the positions (in the old active list) that stay."""
+        finished = {r for r in self.active if len(self.rows[r]) >= self.setup.max_length}
+        if self.setup.has_eos_criteria:
+            finished |= {r for r in self.active if self.stopped_at[r] is not None}
+        elif all(s is not None for s in self.stopped_at):
+            last = max(self.stopped_at)
+            finished |= {r for r in self.active if len(self.rows[r]) >= last}
+        stay = [i for i, r in enumerate(self.active) if r not in finished]
+        self.active = [self.active[i] for i in stay]
+        return stay
+
+    def sequences(self) -> torch.LongTensor:
+        if not self.setup.has_eos_criteria:
+            last = max(s for s in self.stopped_at)
+            return torch.stack([row[:last] for row in self.rows])
+        width = max(len(row) for row in self.rows)
+        pad = self.setup.pad_token_id if self.setup.pad_token_id is not None else 0
+        return torch.stack([torch.nn.functional.pad(row, (0, width - len(row)), value=pad) for row in self.rows])
+
+    def per_step(self, which: list[list[torch.Tensor]] | None) -> tuple[torch.Tensor, ...] | None:
+        return None if which is None else tuple(torch.stack(step) for step in zip(*which))
 
 
-def _process(setup: GenerationSetup, sequences: torch.Tensor, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Apply the logits processors at each verify position with the context that position sees."""
-    ids = torch.cat([sequences, drafts], dim=-1)
-    base = sequences.shape[1]
-    return torch.stack([setup.processors(ids[:, : base + j], logits[:, j]) for j in range(logits.shape[1])], dim=1)
+def _process(setup: GenerationSetup, rows: list[torch.Tensor], drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Apply the logits processors at each verify position of each row, with the context that position sees."""
+    if not setup.processors:
+        return logits
+    out = torch.empty_like(logits)
+    for b, row in enumerate(rows):
+        ids = torch.cat([row, drafts[b]]).unsqueeze(0)
+        for j in range(logits.shape[1]):
+            out[b, j] = setup.processors(ids[:, : len(row) + j], logits[b : b + 1, j])[0]
+    return out
 
 
 def _choose(setup: GenerationSetup, scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     if setup.do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(-1)
     return scores.argmax(dim=-1)
+
+
+def _accept(setup: GenerationSetup, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if not setup.do_sample:
+        return greedy_accept(drafts, scores)
+    p = torch.softmax(scores, dim=-1)
+    if q is None:  # deterministic drafter: one-hot q
+        q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
+    return rejection_accept(drafts, q, p, generator)
 
 
 def speculative_generate(
@@ -99,54 +150,59 @@ def speculative_generate(
     policy = FixedDraftLength(num_draft_tokens) if isinstance(num_draft_tokens, int) else num_draft_tokens
     k_max = num_draft_tokens if isinstance(num_draft_tokens, int) else policy.max_k
     stats = SpecStats(num_draft_tokens=k_max, batch_size=setup.input_ids.shape[0])
-    out = _Committer(setup, streamer, output_scores, output_logits)
-    max_len = setup.max_length
+    out = _Rows(setup, streamer, output_scores, output_logits)
     if streamer is not None:
         streamer.put(setup.input_ids.cpu())
 
-    logits = verifier.prefill(setup.input_ids, setup.attention_mask, max_len).float()
-    drafter.start(setup.input_ids, setup.attention_mask, max_len)
+    slots = cache_slots(setup, k_max)
+    logits = verifier.prefill(setup.input_ids, setup.attention_mask, slots).float()
+    drafter.start(setup.input_ids, setup.attention_mask, slots)
     ctx = DraftContext(setup.processors, setup.do_sample, generator, vocab_size=logits.shape[-1])
     scores = setup.processors(setup.input_ids, logits)
-    out.add(_choose(setup, scores, generator).unsqueeze(-1), scores.unsqueeze(1), logits.unsqueeze(1))
+    first = _choose(setup, scores, generator)
+    for r in range(len(out.rows)):
+        out.add(r, first[r : r + 1], scores[r : r + 1], logits[r : r + 1])
+    _retire(out, verifier, drafter)
     stats.time_to_first_token = time.perf_counter() - start
 
     try:
-        while not out.done and out.sequences.shape[1] < max_len:
-            seq = out.sequences
+        while not out.done:
+            rows = [out.rows[r] for r in out.active]
+            room = setup.max_length - max(len(row) for row in rows) - 1
             t0 = time.perf_counter()
-            proposal = drafter.propose(seq, policy.choose(max_len - seq.shape[1] - 1), ctx)
+            proposal = drafter.propose(rows, policy.choose(room), ctx)
             drafts = proposal.tokens
             t1 = time.perf_counter()
-            logits = verifier.forward(torch.cat([seq[:, verifier.length :], drafts], dim=-1)).float()
+            last = torch.stack([row[-1] for row in rows]).unsqueeze(1)
+            fed = verifier.counts  # real tokens cached per row before this pass
+            logits = verifier.forward(torch.cat([last, drafts], dim=1)).float()
             t2 = time.perf_counter()
-            scores = _process(setup, seq, drafts, logits)
-            if setup.do_sample:
-                p = torch.softmax(scores, dim=-1)
-                q = proposal.probs
-                if q is None:  # deterministic drafter: one-hot q
-                    q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
-                accepted, tokens = rejection_accept(drafts, q, p, generator)
-            else:
-                accepted, tokens = greedy_accept(drafts, scores)
-            active = out.unfinished.bool()
-            n = int(accepted[active].min())
-            added = out.add(tokens[:, : n + 1], scores, logits)
-            policy.update(drafts.shape[1], n, t1 - t0, t2 - t1)
-            stats.record_step(drafts.shape[1], accepted[active].tolist(), added, int(active.sum()))
-            verifier.rollback(out.sequences.shape[1] - 1)
-            drafter.commit(out.sequences)
+            scores = _process(setup, rows, drafts, logits)
+            accepted, tokens = _accept(setup, drafts, proposal.probs, scores, generator)
+            added = [out.add(r, tokens[b, : n + 1], scores[b], logits[b]) for b, (r, n) in enumerate(zip(out.active, accepted.tolist()))]
+            verifier.keep(fed + torch.tensor(added))  # the newest committed token of each row stays unfed
+            policy.update(drafts.shape[1], int(accepted.min()), t1 - t0, t2 - t1)
+            stats.record_step(drafts.shape[1], accepted.tolist(), added)
+            _retire(out, verifier, drafter)
+            if not out.done:
+                drafter.commit([out.rows[r] for r in out.active])
     finally:
         stats.drafter_forwards = getattr(drafter, "forwards", 0)
         drafter.finish()
         verifier.release()
     if streamer is not None:
         streamer.end()
-    stats.new_tokens = (out.sequences.shape[1] - setup.input_ids.shape[1]) * out.sequences.shape[0]
+    sequences = out.sequences()
+    stats.new_tokens = (sequences.shape[1] - setup.input_ids.shape[1]) * sequences.shape[0]
     stats.total_time = time.perf_counter() - start
-    return EngineResult(
-        out.sequences,
-        stats,
-        tuple(out.scores) if out.scores is not None else None,
-        tuple(out.logits) if out.logits is not None else None,
-    )
+    return EngineResult(sequences, stats, out.per_step(out.scores), out.per_step(out.logits))
+
+
+def _retire(out: _Rows, verifier: CausalLMRunner, drafter: Drafter) -> None:
+    """Remove finished rows from both caches so they cost no more compute."""
+    before = len(out.active)
+    stay = out.retire()
+    if stay and len(stay) < before:
+        index = torch.tensor(stay, dtype=torch.long)
+        verifier.keep_rows(index)
+        drafter.keep_rows(index)

@@ -21,7 +21,7 @@ class SpecStats:
     accepted: int = 0
     verifier_forwards: int = 0  # verification passes, prefill excluded
     drafter_forwards: int = 0
-    committed_per_step: list[int] = field(default_factory=list)  # tokens committed per row per verify pass
+    committed_per_step: list[int] = field(default_factory=list)  # tokens committed, one entry per row per pass
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     time_to_first_token: float = 0.0
@@ -53,17 +53,17 @@ class SpecStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_time if self.total_time else 0.0
 
-    def record_step(self, proposed: int, accepted_per_row: list[int], committed: int, rows: int) -> None:
-        """Account one verification pass over ``rows`` active rows with ``proposed`` drafts each."""
+    def record_step(self, proposed: int, accepted_per_row: list[int], committed_per_row: list[int]) -> None:
+        """Account one verification pass: ``proposed`` drafts for each row, what each row accepted and committed."""
         self.verifier_forwards += 1
-        self.proposed += proposed * rows
+        self.proposed += proposed * len(accepted_per_row)
         self.accepted += sum(accepted_per_row)
-        self.committed_per_step.append(committed)
+        self.committed_per_step.extend(committed_per_row)
         while len(self.proposed_per_position) < proposed:
             self.proposed_per_position.append(0)
             self.accepted_per_position.append(0)
         for i in range(proposed):
-            self.proposed_per_position[i] += rows
+            self.proposed_per_position[i] += len(accepted_per_row)
         for n in accepted_per_row:
             for i in range(n):
                 self.accepted_per_position[i] += 1

@@ -131,11 +131,14 @@ class CountingDrafter:
     def start(self, input_ids, attention_mask, max_len):
         pass
 
-    def propose(self, sequences, k, ctx):
+    def propose(self, rows, k, ctx):
         self.calls += 1
-        return Proposal(torch.full((sequences.shape[0], k), 7, dtype=torch.long))
+        return Proposal(torch.full((len(rows), k), 7, dtype=torch.long))
 
-    def commit(self, sequences):
+    def commit(self, rows):
+        pass
+
+    def keep_rows(self, indices):
         pass
 
     def finish(self):

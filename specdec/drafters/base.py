@@ -40,18 +40,23 @@ class Drafter(Protocol):
     """Proposes draft tokens for the speculative loop.
 
     The loop calls :meth:`start` once per ``generate`` call, then alternately :meth:`propose` (with
-    the committed sequence so far) and :meth:`commit` (with the new committed sequence after
-    verification, so the drafter can roll back its state past the first rejected token).
+    the committed rows so far) and :meth:`commit` (with the new committed rows after verification,
+    so the drafter can roll back its state past the first rejected token). Rows are 1-D tensors in
+    transformers' layout: the row's left padding from the prompt batch, then its real tokens; they
+    may have different lengths. :meth:`keep_rows` drops finished rows from the batch.
     """
 
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
         """Prepare for a new batch of prompts; ``max_len`` bounds prompt + generated + draft tokens."""
 
-    def propose(self, sequences: torch.LongTensor, k: int, ctx: DraftContext) -> Proposal:
-        """Return up to ``k`` draft tokens continuing ``sequences [batch, length]``."""
+    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
+        """Return up to ``k`` draft tokens per row, as a ``[batch, k']`` tensor (``k' <= k``)."""
 
-    def commit(self, sequences: torch.LongTensor) -> None:
-        """Learn the committed sequences after a verification step."""
+    def commit(self, rows: list[torch.LongTensor]) -> None:
+        """Learn the committed rows after a verification step."""
+
+    def keep_rows(self, indices: torch.Tensor) -> None:
+        """Keep only these rows (by position in the current batch)."""
 
     def finish(self) -> None:
         """Release per-call state (caches)."""

@@ -38,16 +38,20 @@ class CompositeDrafter:
         self.lookup.start(input_ids, attention_mask, max_len)
         self.model_drafter.start(input_ids, attention_mask, max_len)
 
-    def propose(self, sequences: torch.LongTensor, k: int, ctx: DraftContext) -> Proposal:
-        copied = self.lookup.propose(sequences, k, ctx)
+    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
+        copied = self.lookup.propose(rows, k, ctx)
         if copied.num_tokens >= min(self.min_match, k) > 0:
             self.lookup_steps += 1
             return copied  # deterministic: the acceptance rule treats it as one-hot q
         self.model_steps += 1
-        return self.model_drafter.propose(sequences, k, ctx)
+        return self.model_drafter.propose(rows, k, ctx)
 
-    def commit(self, sequences: torch.LongTensor) -> None:
-        self.model_drafter.commit(sequences)
+    def commit(self, rows: list[torch.LongTensor]) -> None:
+        self.model_drafter.commit(rows)
+
+    def keep_rows(self, indices: torch.Tensor) -> None:
+        self.lookup.keep_rows(indices)
+        self.model_drafter.keep_rows(indices)
 
     def finish(self) -> None:
         self.lookup.finish()

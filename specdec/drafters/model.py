@@ -79,32 +79,41 @@ class ModelDrafter:
         self.confidence_threshold = confidence_threshold
         self.model = model.eval()
         self.runner = CausalLMRunner(model, role="drafter")
-        self._cached_ids: torch.Tensor | None = None  # token ids whose keys/values are in the cache
+        self._cached: list[torch.Tensor] = []
+        self._pads: list[int] = []
         self.forwards = 0
 
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
         self.runner.prefill(input_ids, attention_mask, max_len)
-        self._cached_ids = input_ids
+        self._pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
+        self._cached = list(input_ids)  # per row: the tokens (left padding included) whose keys are cached
         self.forwards = 1
 
-    def _scores(self, logits: torch.Tensor, ids: torch.Tensor, ctx: DraftContext) -> torch.Tensor:
+    def _scores(self, logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
         logits = logits.float()
         vocab = ctx.vocab_size or logits.shape[-1]
         if logits.shape[-1] > vocab:  # padded head: ids past the verifier's vocabulary do not exist
             logits = logits[..., :vocab]
         elif logits.shape[-1] < vocab:
             logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
-        return ctx.processors(ids, logits)
+        if not ctx.processors:
+            return logits
+        return torch.cat([ctx.processors(row.unsqueeze(0), logits[b : b + 1]) for b, row in enumerate(rows)])
 
-    @torch.inference_mode()
-    def propose(self, sequences: torch.LongTensor, k: int, ctx: DraftContext) -> Proposal:
-        batch = sequences.shape[0]
+    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
         if k <= 0:
-            return Proposal(sequences.new_empty((batch, 0)), None)
+            return Proposal(rows[0].new_empty((len(rows), 0)), None)
+        # Feed what each row committed since our last forward, left-aligned with filler slots.
+        pending = [row[len(cached) :] for row, cached in zip(rows, self._cached)]
+        width = max(len(p) for p in pending)
+        block = torch.zeros(len(rows), width, dtype=torch.long, device=rows[0].device)
+        real = torch.zeros(len(rows), width, dtype=torch.bool, device=rows[0].device)
+        for b, p in enumerate(pending):
+            block[b, width - len(p) :], real[b, width - len(p) :] = p, True
         extra = {"logits_to_keep": 1} if self.runner._keep_logits else {}
-        logits = self.runner.forward(sequences[:, self.runner.length :], **extra)[:, -1]
+        logits = self.runner.forward(block, real, **extra)[:, -1]
         self.forwards += 1
-        ids, tokens, probs = sequences, [], []
+        ids, tokens, probs, fed = list(rows), [], [], 0
         for i in range(k):
             scores = self._scores(logits, ids, ctx)
             p = torch.softmax(scores, dim=-1) if ctx.do_sample or self.confidence_threshold else None
@@ -114,24 +123,31 @@ class ModelDrafter:
             else:
                 token = scores.argmax(dim=-1)
             tokens.append(token)
-            ids = torch.cat([ids, token.unsqueeze(-1)], dim=-1)
+            ids = [torch.cat([row, t.view(1)]) for row, t in zip(ids, token)]
             # An unsure drafter is likely wrong: stop and let the verifier speak (keep >= 1 draft).
             if self.confidence_threshold and bool((p.max(dim=-1).values < self.confidence_threshold).all()):
                 break
             if i < k - 1:
                 logits = self.runner.forward(token.unsqueeze(-1))[:, -1]
                 self.forwards += 1
-        self._cached_ids = ids[:, : self.runner.length]
+                fed += 1
+        self._cached = [row[: len(base) + fed] for row, base in zip(ids, rows)]
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
-    def commit(self, sequences: torch.LongTensor) -> None:
-        cached = self._cached_ids
-        n = min(cached.shape[1], sequences.shape[1] - 1)  # always leave >= 1 token to feed next time
-        agree = (cached[:, :n] == sequences[:, :n]).all(dim=0).long()
-        keep = int(agree.cumprod(dim=0).sum())
-        self.runner.rollback(keep)
-        self._cached_ids = sequences[:, :keep]
+    def commit(self, rows: list[torch.LongTensor]) -> None:
+        keep = []
+        for b, (cached, row) in enumerate(zip(self._cached, rows)):
+            n = min(len(cached), len(row) - 1)  # always leave >= 1 token to feed next time
+            same = int((cached[:n] == row[:n]).long().cumprod(dim=0).sum())
+            self._cached[b] = row[:same]
+            keep.append(same - self._pads[b])
+        self.runner.keep(keep)
+
+    def keep_rows(self, indices: torch.Tensor) -> None:
+        self.runner.keep_rows(indices)
+        self._cached = [self._cached[i] for i in indices.tolist()]
+        self._pads = [self._pads[i] for i in indices.tolist()]
 
     def finish(self) -> None:
         self.runner.release()
-        self._cached_ids = None
+        self._cached = []

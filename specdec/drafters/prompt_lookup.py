@@ -46,26 +46,30 @@ class PromptLookupDrafter:
         batch = input_ids.shape[0]
         self._pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
 
-    def propose(self, sequences: torch.LongTensor, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
         if self.max_draft is not None:
             k = min(k, self.max_draft)
-        rows = []
-        for r, row in enumerate(sequences.tolist()):
-            context = row[max(self._pads[r], len(row) - self.window) :]
-            rows.append(lookup(context, k, self.min_ngram, self.max_ngram) if k > 0 else [])
-        width = max((len(r) for r in rows), default=0)
+        drafts = []
+        for pad, row in zip(self._pads, rows):
+            ids = row.tolist()
+            context = ids[max(pad, len(ids) - self.window) :]
+            drafts.append(lookup(context, k, self.min_ngram, self.max_ngram) if k > 0 else [])
+        width = max((len(d) for d in drafts), default=0)
         if width == 0:
-            return Proposal(sequences.new_empty((sequences.shape[0], 0)))
+            return Proposal(rows[0].new_empty((len(rows), 0)))
         # Rows with shorter drafts repeat their last token (or the row's last token): any proposal is
         # safe, since only what the verifier agrees with is kept.
-        padded = [r + [(r or [seq[-1]])[-1]] * (width - len(r)) for r, seq in zip(rows, sequences.tolist())]
-        tokens = torch.tensor(padded, dtype=sequences.dtype, device=sequences.device)
+        padded = [d + [(d or [int(row[-1])])[-1]] * (width - len(d)) for d, row in zip(drafts, rows)]
+        tokens = torch.tensor(padded, dtype=rows[0].dtype, device=rows[0].device)
         if ctx.vocab_size is not None:
             tokens = tokens.clamp(max=ctx.vocab_size - 1)
         return Proposal(tokens)
 
-    def commit(self, sequences: torch.LongTensor) -> None:
+    def commit(self, rows: list[torch.LongTensor]) -> None:
         pass  # stateless: the context is re-read each step
+
+    def keep_rows(self, indices: torch.Tensor) -> None:
+        self._pads = [self._pads[i] for i in indices.tolist()]
 
     def finish(self) -> None:
         pass

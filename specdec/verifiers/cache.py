@@ -84,6 +84,16 @@ class ManagedLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.length = 0
 
+    def gather_slots(self, order: torch.Tensor) -> None:
+        """Move slots ``order[b, i]`` of each row ``b`` to slot ``i`` (compaction); the pointer becomes ``order.shape[1]``."""
+        if not self.is_initialized:
+            return
+        n = order.shape[1]
+        for buf in (self.keys, self.values):
+            index = order[:, None, :, None].expand(buf.shape[0], buf.shape[1], n, buf.shape[3])
+            buf[:, :, :n] = buf.gather(2, index)
+        self.length = n
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:
             self.keys = self.keys[indices].contiguous()

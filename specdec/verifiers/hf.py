@@ -1,8 +1,14 @@
-"""Run a Hugging Face causal LM over a managed cache: prefill, multi-token forwards, rollback.
+"""Run a Hugging Face causal LM over a managed cache: prefill, multi-token forwards, per-row rollback.
 
 Used for the verifier and, through :class:`specdec.drafters.ModelDrafter`, for model drafters.
-Rows are left padded; every row shares one cache pointer, and each row's position ids continue
-from its own true length (cache index minus that row's padding).
+
+Ragged batches (DESIGN.md section 4): all rows share one write pointer into the preallocated
+cache, and a boolean slot map says which slots of each row hold real tokens. Left padding, the
+rejected drafts of a row that accepted fewer tokens than another, and the filler of a ragged
+input block are all just invalid slots: the 2-D attention mask hides them, and each row's
+position ids count only its valid slots. Rolling a row back marks its tail invalid; the pointer
+only moves back to the longest row. We keep this over per-row pointers with gathers because it
+needs no copies and no custom attention: transformers' own padding mask does the work.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from specdec.verifiers.cache import ManagedCache
+from specdec.verifiers.cache import CacheOverflowError, ManagedCache
 
 
 class UnsupportedModelError(TypeError):
@@ -39,25 +45,23 @@ def check_supported(model: torch.nn.Module, role: str = "verifier") -> None:
             f"the {role} ({config.model_type}) has layers of type {odd} whose state is not a key/value history; "
             "only attention caches can be rolled back by specdec"
         )
-    if not getattr(model, "_supports_cache_class", True) or getattr(config, "model_type", "") in {"mamba", "mamba2", "rwkv"}:
+    if getattr(config, "model_type", "") in {"mamba", "mamba2", "rwkv", "falcon_mamba"}:
         raise UnsupportedModelError(f"the {role} ({config.model_type}) does not use a transformers KV cache")
 
 
 class CausalLMRunner:
-    """Holds a model, its managed cache and the per-row padding of the current batch."""
+    """Holds a model, its managed cache and the valid-slot map of the current batch."""
 
     def __init__(self, model: PreTrainedModel, role: str = "verifier") -> None:
         check_supported(model, role)
         self.model = model
         self.role = role
         self.cache: ManagedCache | None = None
-        self._pads: torch.Tensor | None = None  # [batch] left-padding per row, None when unpadded
-        self._prompt_mask: torch.Tensor | None = None
+        self.valid: torch.Tensor | None = None  # [batch, max_len] bool: slot holds a real token of that row
+        self.counts: torch.Tensor | None = None  # [batch] real tokens per row (= next position id)
         self._keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
+        config = model.config
+        self._sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
 
     @property
     def num_layers(self) -> int:
@@ -67,28 +71,41 @@ class CausalLMRunner:
 
     @property
     def length(self) -> int:
-        """Tokens currently in the cache (all rows share it)."""
+        """The shared write pointer: slots used so far in every row."""
         return 0 if self.cache is None else self.cache.length
 
-    @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_len: int) -> torch.Tensor:
-        """Allocate a cache for ``max_len`` tokens, run the prompt, return last-position logits ``[batch, vocab]``."""
+        """Allocate a cache for ``max_len`` slots, run the (left-padded) prompt, return last logits ``[batch, vocab]``."""
+        batch = input_ids.shape[0]
         self.cache = ManagedCache(self.num_layers, max_len)
-        self._prompt_mask = attention_mask
-        self._pads = None if attention_mask is None else (attention_mask == 0).sum(dim=1)
+        self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=input_ids.device)
+        self.counts = torch.zeros(batch, dtype=torch.long, device=input_ids.device)
+        mask = None if attention_mask is None else attention_mask.bool()
         extra = {"logits_to_keep": 1} if self._keep_logits else {}
-        return self.forward(input_ids, **extra)[:, -1]
+        return self.forward(input_ids, mask, **extra)[:, -1]
 
     @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, **extra) -> torch.Tensor:
-        """Append ``tokens [batch, n]`` to the cache and return their logits ``[batch, n, vocab]``."""
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, **extra) -> torch.Tensor:
+        """Append ``tokens [batch, n]`` (``valid`` marks real ones; default all) and return logits ``[batch, n, vocab]``."""
         start, n = self.length, tokens.shape[1]
-        positions = torch.arange(start, start + n, device=tokens.device).unsqueeze(0)
-        mask = None
-        if self._pads is not None:
-            positions = (positions - self._pads.unsqueeze(1)).clamp_min(0)
-            ones = torch.ones(tokens.shape[0], start + n - self._prompt_mask.shape[1], dtype=self._prompt_mask.dtype)
-            mask = torch.cat([self._prompt_mask, ones.to(self._prompt_mask.device)], dim=1)
+        if (self._sliding or start + n > self.cache.max_cache_len) and self._has_holes():
+            # Squeeze out holes left by ragged rows: when they use up the slots, and always for
+            # sliding-window models, whose window is counted in slots rather than tokens.
+            self.compact()
+            start = self.length
+        if start + n > self.cache.max_cache_len:
+            raise CacheOverflowError(
+                f"KV cache overflow: {n} more tokens after {start} in a cache preallocated for "
+                f"{self.cache.max_cache_len} tokens"
+            )
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        self.valid[:, start : start + n] = valid
+        # Position of a real token = real tokens before it in its row; fillers get 0 (masked anyway).
+        positions = (self.counts.unsqueeze(1) + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        self.counts = self.counts + valid.sum(dim=1)
+        seen = self.valid[:, : start + n]
+        mask = None if bool(seen.all()) else seen.long()
         out = self.model(
             input_ids=tokens,
             attention_mask=mask,
@@ -99,10 +116,52 @@ class CausalLMRunner:
         )
         return out.logits
 
+    def keep(self, counts: torch.Tensor | list[int]) -> None:
+        """Keep the first ``counts[r]`` real tokens of each row; later slots become holes, the pointer moves back."""
+        counts = torch.as_tensor(counts, dtype=torch.long, device=self.valid.device)
+        if bool((counts > self.counts).any()):
+            raise ValueError(f"cannot keep {counts.tolist()} tokens: rows hold only {self.counts.tolist()}")
+        real_before = self.valid.long().cumsum(dim=1)
+        self.valid &= real_before <= counts.unsqueeze(1)
+        self.counts = counts
+        self._trim()
+
+    def _trim(self) -> None:
+        """Move the shared pointer back to just after the last valid slot of any row."""
+        used = self.valid.any(dim=0).nonzero()
+        end = int(used.max()) + 1 if used.numel() else 0
+        self.cache.rollback(min(end, self.cache.length))
+        self.valid[:, end:] = False
+
     def rollback(self, length: int) -> None:
-        """Keep only the first ``length`` cached tokens."""
+        """Keep only the first ``length`` slots of every row (all rows aligned)."""
         self.cache.rollback(length)
+        self.valid[:, length:] = False
+        self.counts = self.valid.sum(dim=1)
+
+    def _has_holes(self) -> bool:
+        """Whether some row has an invalid slot after its first real token (left padding is no hole)."""
+        used = self.valid[:, : self.length]
+        return bool((used.cummax(dim=1).values & ~used).any())
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Re-lay every row as left padding + its real tokens (one copy of the cache)."""
+        n = int(self.counts.max())
+        # stable sort puts each row's invalid slots first and its valid slots after, in order
+        order = torch.argsort(self.valid[:, : self.length].to(torch.int8), dim=1, stable=True)[:, -n:]
+        for layer in self.cache.layers:
+            layer.gather_slots(order)
+        self.valid.zero_()
+        self.valid[:, :n] = torch.arange(n, device=self.valid.device).unsqueeze(0) >= (n - self.counts).unsqueeze(1)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute)."""
+        for layer in self.cache.layers:
+            layer.batch_select_indices(rows)
+        self.valid, self.counts = self.valid[rows], self.counts[rows]
+        self._trim()
 
     def release(self) -> None:
         """Drop the cache (frees its buffers)."""
-        self.cache = None
+        self.cache = self.valid = self.counts = None
