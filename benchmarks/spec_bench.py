@@ -18,32 +18,19 @@ import json
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
 import specdec
+from specdec.eval.datasets import load_prompts
 from specdec.eval.side_by_side import encode_prompt
 from specdec.models import load_model
 from specdec.quant import quantize
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
-
-
-def spec_bench_prompts(path: Path, per_group: int) -> list[dict[str, str]]:
-    """First ``per_group`` prompts of each Spec-Bench task group (question ids 81-160 are mt_bench)."""
-    groups: dict[str, list[dict[str, str]]] = defaultdict(list)
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        group = "mt_bench" if 81 <= int(row["question_id"]) <= 160 else row["category"]
-        if len(groups[group]) < per_group:
-            groups[group].append({"task": group, "prompt": row["turns"][0]})
-    return [p for g in groups.values() for p in g]
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    ap.add_argument("--data", default=None, help="prompt set (default: Spec-Bench from shared/data)")
     ap.add_argument("--per-group", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--draft", default="int8", help="quantization scheme of the verifier copy used as drafter")
@@ -70,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or "hf" not in methods:
         ap.error(f"--methods must include hf and only {sorted(runners)}; got {unknown or methods}")
 
-    prompts = spec_bench_prompts(args.data, args.per_group)
+    prompts = [{"task": p.group, "prompt": p.text} for p in load_prompts(args.data, per_group=args.per_group)]
     warm = encode_prompt(tok, prompts[0]["prompt"])
     for m in methods:
         runners[m](warm[:, :16])
