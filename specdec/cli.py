@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                   "KV-cache sizing and memory plan for a model (+ drafter)")
     _add_optional(sub, "quant-report", "specdec.quant.report", "add_quant_report_arguments", "run_quant_report",
                   "cost and agreement of quantized drafter schemes")
+    _add_optional(sub, "eval", "specdec.eval.__main__", "add_eval_arguments", "run_eval",
+                  "speedup, acceptance and identity against transformers' baselines on a prompt set")
     return parser
 
 
@@ -174,12 +176,9 @@ def _add_optional(sub: Any, name: str, module: str, add: str, run: str, help_tex
     """Subcommands implemented in their own modules (kept thin here)."""
     import importlib
 
-    try:
-        mod = importlib.import_module(module)
-        add_fn, run_fn = getattr(mod, add), getattr(mod, run)
-    except (ImportError, AttributeError):
-        return
+    mod = importlib.import_module(module)
     p = sub.add_parser(name, help=help_text)
+    add_fn, run_fn = getattr(mod, add), getattr(mod, run)
     add_fn(p)
     p.set_defaults(func=run_fn)
 

@@ -21,7 +21,12 @@ class VocabularyMismatchError(ValueError):
 
 
 def _vocab_size(model: PreTrainedModel) -> int:
-    return int(model.get_output_embeddings().weight.shape[0])
+    """Rows of the LM head (quantized heads may have no ``.weight``)."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
+    return int(getattr(head, "out_features", None) or model.config.vocab_size)
 
 
 def check_vocab_compat(

@@ -1,0 +1,198 @@
+"""``python -m specdec.eval`` / ``specdec eval``: evaluate specdec against transformers' baselines on a prompt set.
+
+    python -m specdec.eval --per-group 1 --max-new-tokens 64 --num-draft-tokens 2 4 --out eval-out
+    accelerate launch --multi_gpu --num_processes 2 -m specdec.eval ...   # prompts split over 2 processes
+
+(On a CPU-only machine ``accelerate launch`` needs ``--multi_gpu`` to start several processes; each
+then runs on the CPU.) ``add_eval_arguments`` and ``run_eval`` are the hooks ``specdec.cli`` mounts as
+``specdec eval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+from specdec.eval.runner import BASELINE_KINDS, DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
+
+DEFAULT_OUT = "specdec-eval"
+_AUTO = "auto"
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _per_group(value: str) -> int | str | None:
+    if value in ("all", _AUTO):
+        return None if value == "all" else _AUTO
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (or 'all'), got {n}")
+    return n
+
+
+def _baselines(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in BASELINE_KINDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown baseline(s) {unknown}; choose from {','.join(BASELINE_KINDS)}")
+    return names
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``specdec eval``'s arguments to ``parser`` (returned for chaining)."""
+    data = parser.add_argument_group("prompts")
+    data.add_argument("--dataset", default=None,
+                      help="local .json/.jsonl/.csv/.tsv/.parquet file or dataset directory, or a hub dataset name "
+                           "(needs the hub); default: the Spec-Bench questions when present")
+    data.add_argument("--split", default="train", help="split of a dataset directory or hub dataset (default: train)")
+    data.add_argument("--dataset-config", default=None, help="configuration name of a hub dataset")
+    data.add_argument("--prompt-column", default=None, help="text column (default: 'prompt', or Spec-Bench 'turns')")
+    data.add_argument("--group-column", default=None,
+                      help="task-group column (default: 'category'/'task'/'group'; Spec-Bench ids 81-160 form mt_bench)")
+    data.add_argument("--per-group", type=_per_group, default=_AUTO, metavar="N|all",
+                      help="first N prompts of each task group (default: 1 per group; all prompts of a set "
+                           "without groups)")
+
+    gen = parser.add_argument_group("methods")
+    gen.add_argument("--model", default="smollm2", help="'smollm2' (embedded default) or a local model directory / .gguf")
+    gen.add_argument("--dtype", choices=_DTYPES, default="float32", help="verifier dtype (default: float32)")
+    gen.add_argument("--device", default="auto",
+                     help="'auto' (this process's accelerate device: cuda:N or cpu), 'cpu', 'cuda:0', ...")
+    gen.add_argument("--draft", nargs="+", default=[DEFAULT_DRAFT], metavar="DRAFT",
+                     help="drafter(s): self:SCHEME (a quantized copy, e.g. self:int8), a local model path, or another "
+                          "drafter specdec knows (prompt-lookup, composite[:SCHEME], layer-skip:N; hf-assisted is "
+                          "skipped for drafters that are not causal LMs)")
+    gen.add_argument("--adaptive", action="store_true",
+                     help="also run each specdec method with adaptive draft length (up to its k)")
+    gen.add_argument("--num-draft-tokens", "-k", nargs="+", type=_positive, default=[4], metavar="K",
+                     help="draft lengths to evaluate specdec at (default: 4)")
+    gen.add_argument("--baselines", type=_baselines, default=list(DEFAULT_BASELINES),
+                     help=f"comma-separated among {','.join(BASELINE_KINDS)} (default: {','.join(DEFAULT_BASELINES)}); "
+                          "hf always runs: it is the reference")
+    gen.add_argument("--prompt-lookup-tokens", type=_positive, default=DEFAULT_PROMPT_LOOKUP_TOKENS,
+                     help=f"prompt_lookup_num_tokens of hf-prompt-lookup (default: {DEFAULT_PROMPT_LOOKUP_TOKENS})")
+    gen.add_argument("--max-new-tokens", type=_positive, default=64)
+    gen.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    gen.add_argument("--temperature", type=float, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
+    gen.add_argument("--no-chat-template", action="store_true", help="feed prompts raw instead of as a chat turn")
+    gen.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (only 1 for now)")
+
+    run = parser.add_argument_group("output")
+    run.add_argument("--out", default=DEFAULT_OUT,
+                     help=f"output directory; a rerun with the same directory resumes (default: {DEFAULT_OUT})")
+    run.add_argument("--overwrite", action="store_true", help="discard results already in --out instead of resuming")
+    run.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation of each method")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
+    run.add_argument("--json", action="store_true", help="print summary.json as one line, last on stdout")
+    return parser
+
+
+def _log(*args: Any) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def _command_line(argv: list[str]) -> str:
+    """The command as typed, for the report (``specdec eval ...`` or ``python -m specdec.eval ...``)."""
+    if argv[:1] == ["eval"]:
+        return shlex.join(["specdec", *argv])
+    return shlex.join(["python", "-m", "specdec.eval", *argv])
+
+
+def _select(prompts: list, per_group: Any) -> tuple[list, int | None]:
+    """``--per-group``: the default takes 1 per task group, but every prompt of a set without groups."""
+    from specdec.eval.datasets import DEFAULT_GROUP, select_per_group
+
+    if per_group == _AUTO:
+        per_group = None if {p.group for p in prompts} == {DEFAULT_GROUP} else 1
+    return select_per_group(prompts, per_group), per_group
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Run ``specdec eval`` for parsed ``args``; returns the exit status."""
+    if args.batch_size != 1:
+        raise SystemExit(f"error: --batch-size {args.batch_size}: batched evaluation is not implemented yet; "
+                         "use --batch-size 1")
+    if args.do_sample is False and (args.temperature is not None or args.top_p is not None):
+        _log("note: --temperature/--top-p only apply with --do-sample; decoding greedily")
+
+    import torch
+    from accelerate import PartialState
+
+    from specdec.drafters import VocabularyMismatchError
+    from specdec.eval.datasets import DatasetError, default_dataset, load_prompts
+    from specdec.eval.runner import ResumeError
+    from specdec.eval.runner import run_eval as evaluate_model
+    from specdec.models import ModelNotFoundError, load_model
+    from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
+
+    dataset = args.dataset or default_dataset()
+    if dataset is None:
+        raise SystemExit("error: no --dataset given and the Spec-Bench questions were not found; pass a JSONL file "
+                         "with one {\"prompt\": ...} per line")
+    try:
+        prompts = load_prompts(dataset, split=args.split, config=args.dataset_config,
+                               prompt_column=args.prompt_column, group_column=args.group_column)
+        prompts, per_group = _select(prompts, args.per_group)
+    except DatasetError as err:
+        raise SystemExit(f"error: {err}") from None
+
+    on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
+    state = PartialState(cpu=on_cpu)
+    device = state.device if args.device == "auto" else torch.device(args.device)
+    say = _log if state.is_main_process else (lambda *a: None)
+    say(f"{len(prompts)} prompts from {dataset}; loading {args.model} ({args.dtype}) on {device} ...")
+    try:
+        model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
+    except ModelNotFoundError as err:
+        raise SystemExit(f"error: {err}") from None
+
+    command = getattr(args, "command_line", None) or _command_line(sys.argv[1:])
+    try:
+        report = evaluate_model(
+            model, tokenizer, prompts, out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens,
+            baselines=args.baselines, adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+            temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=not args.no_chat_template,
+            prompt_lookup_num_tokens=args.prompt_lookup_tokens, warmup=not args.no_warmup,
+            progress=not args.no_progress, plots=not args.no_plots, overwrite=args.overwrite,
+            model_name=args.model, dataset=str(dataset),
+            config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
+                    "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "command": command},
+        )
+    except (ResumeError, UnknownSchemeError, UnsupportedSchemeError, VocabularyMismatchError, ModelNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+    if state.is_main_process:
+        print(report.markdown())
+        _log(f"wrote {args.out}/summary.json, report.md, records*.jsonl and plots")
+        if args.json:
+            print(json.dumps(report.to_dict()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m specdec.eval``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m specdec.eval",
+        description="Evaluate specdec against transformers' baselines on a prompt set (speedup, acceptance, identity).",
+    )
+    args = add_eval_arguments(parser).parse_args(argv)
+    args.command_line = _command_line(sys.argv[1:] if argv is None else list(argv))
+    return run_eval(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

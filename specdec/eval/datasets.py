@@ -1,0 +1,214 @@
+"""Prompt sets for evaluation, loaded through ``datasets`` from local files or the Hugging Face Hub.
+
+Two schemas are understood:
+
+- Spec-Bench (``question_id``, ``category``, ``turns``): the first turn is the prompt, and question ids
+  81-160 (the MT-Bench questions, whose categories are writing, roleplay, coding, ...) form the
+  ``mt_bench`` group, as in the Spec-Bench paper; the other rows are grouped by ``category``.
+- A plain ``prompt`` column, optionally with a ``category`` / ``task`` / ``group`` column.
+
+Any other text column can be named with ``prompt_column``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+#: Spec-Bench question ids 81-160 are the 80 MT-Bench questions; Spec-Bench reports them as one group.
+MT_BENCH_IDS = range(81, 161)
+MT_BENCH_GROUP = "mt_bench"
+#: group of prompts from a set with no group column
+DEFAULT_GROUP = "prompts"
+SPEC_BENCH_ENV = "SPECDEC_SPEC_BENCH"
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
+_TEXT_COLUMNS = ("prompt", "turns")
+_GROUP_COLUMNS = ("category", "task", "group")
+_ID_COLUMNS = ("question_id", "id", "prompt_id")
+
+
+class DatasetError(ValueError):
+    """A prompt set could not be found, loaded or understood (the message says which and why)."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One evaluation prompt.
+
+    Attributes:
+        id: stable identifier within the set (``question_id`` / ``id`` column, else the row number);
+            results are recorded, and resumed, per ``(id, method)``.
+        group: task group the prompt is reported under.
+        text: the user turn fed through the chat template.
+        reference: a reference answer when the set has one (Spec-Bench ``reference``), else ``None``.
+    """
+
+    id: str
+    group: str
+    text: str
+    reference: str | None = None
+
+
+def default_dataset() -> Path | None:
+    """The Spec-Bench questions, when present: ``$SPECDEC_SPEC_BENCH`` or ``shared/data/spec_bench/question.jsonl``
+    next to the repository (or the current directory)."""
+    candidates = []
+    if os.environ.get(SPEC_BENCH_ENV):
+        candidates.append(Path(os.environ[SPEC_BENCH_ENV]))
+    rel = Path("shared") / "data" / "spec_bench" / "question.jsonl"
+    repo = Path(__file__).resolve().parents[2]
+    candidates += [repo.parent / rel, repo / rel, Path.cwd().parent / rel, Path.cwd() / rel]
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def _looks_like_path(source: str) -> bool:
+    # hub names are "owner/name": only a data-file suffix or an explicit relative/absolute prefix marks a path
+    return Path(source).suffix.lower() in _BUILDERS or source.startswith((".", "/", "~"))
+
+
+def load_rows(source: str | os.PathLike, *, split: str = "train", config: str | None = None) -> Any:
+    """Load a ``datasets.Dataset`` from a local file / directory or a hub name (never silently empty)."""
+    import datasets
+
+    source = os.path.expanduser(str(source))
+    path = Path(source)
+    try:
+        if path.is_file():
+            if not path.read_bytes().strip():
+                raise DatasetError(f"{source} is empty")
+            builder = _BUILDERS.get(path.suffix.lower())
+            if builder is None:
+                raise DatasetError(
+                    f"{source}: unknown file type {path.suffix!r}; use .json/.jsonl, .csv/.tsv or .parquet"
+                )
+            kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+            data = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+        elif path.is_dir():
+            data = datasets.load_dataset(str(path), config, split=split)
+        elif _looks_like_path(source):
+            raise DatasetError(f"no such file: {source}")
+        else:
+            try:
+                data = datasets.load_dataset(source, config, split=split)
+            except (ConnectionError, OSError) as err:
+                raise DatasetError(
+                    f"{source!r} is not a local file or directory, and loading it from the Hugging Face Hub failed "
+                    f"({err}). Offline, pass a local .jsonl/.csv/.parquet file instead."
+                ) from err
+    except DatasetError:
+        raise
+    except Exception as err:  # datasets raises many types for unreadable files; name the file and the cause
+        cause = f" ({type(err.__cause__).__name__}: {err.__cause__})" if err.__cause__ is not None else ""
+        raise DatasetError(f"could not load {source}: {type(err).__name__}: {err}{cause}") from err
+    if len(data) == 0:
+        raise DatasetError(f"{source} holds no rows")
+    return data
+
+
+def _first_text(value: Any) -> str | None:
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return value if isinstance(value, str) else None
+
+
+def rows_to_prompts(
+    rows: Iterable[dict[str, Any]],
+    columns: Sequence[str],
+    *,
+    source: str = "dataset",
+    prompt_column: str | None = None,
+    group_column: str | None = None,
+) -> list[Prompt]:
+    """Normalise rows of any supported schema into :class:`Prompt` objects."""
+    columns = list(columns)
+    text_col = prompt_column or next((c for c in _TEXT_COLUMNS if c in columns), None)
+    if text_col is None or text_col not in columns:
+        wanted = repr(prompt_column) if prompt_column else "'prompt' (or Spec-Bench 'turns')"
+        raise DatasetError(f"{source} has no {wanted} column; its columns are {columns}. Name one with --prompt-column.")
+    if group_column is not None and group_column not in columns:
+        raise DatasetError(f"{source} has no group column {group_column!r}; its columns are {columns}")
+    group_col = group_column or next((c for c in _GROUP_COLUMNS if c in columns), None)
+    id_col = next((c for c in _ID_COLUMNS if c in columns), None)
+    spec_bench = text_col == "turns" and "question_id" in columns and group_column is None
+
+    prompts, seen = [], set()
+    for n, row in enumerate(rows):
+        text = _first_text(row.get(text_col))
+        if text is None:
+            # JSON Lines files may mix schemas (a 'prompt' row in a Spec-Bench file): fall back per row
+            text = next((t for c in _TEXT_COLUMNS if c in row and (t := _first_text(row[c])) is not None), None)
+        if text is None or not text.strip():
+            raise DatasetError(f"{source}: row {n + 1} has no non-empty {text_col!r} text")
+        pid = str(row[id_col]) if id_col is not None and row.get(id_col) is not None else str(n)
+        if pid in seen:
+            raise DatasetError(f"{source}: prompt id {pid!r} appears twice; ids must be unique to record and resume")
+        seen.add(pid)
+        if spec_bench and row.get("question_id") is not None and int(row["question_id"]) in MT_BENCH_IDS:
+            group = MT_BENCH_GROUP
+        elif group_col is not None and row.get(group_col) not in (None, ""):
+            group = str(row[group_col])
+        else:
+            group = DEFAULT_GROUP
+        prompts.append(Prompt(id=pid, group=group, text=text, reference=_first_text(row.get("reference"))))
+    if not prompts:
+        raise DatasetError(f"{source} holds no prompts")
+    return prompts
+
+
+def load_prompts(
+    source: str | os.PathLike | None = None,
+    *,
+    split: str = "train",
+    config: str | None = None,
+    prompt_column: str | None = None,
+    group_column: str | None = None,
+    per_group: int | None = None,
+) -> list[Prompt]:
+    """Load a prompt set and optionally keep the first ``per_group`` prompts of each group.
+
+    Args:
+        source: a local ``.json``/``.jsonl``/``.csv``/``.tsv``/``.parquet`` file, a local dataset
+            directory, or a hub dataset name (needs the hub to be reachable). ``None``: the Spec-Bench
+            questions (:func:`default_dataset`).
+        split / config: for directories and hub datasets.
+        prompt_column / group_column: override the detected columns.
+        per_group: keep the first N prompts of each group (``None``: all).
+
+    Raises:
+        DatasetError: the source cannot be found, loaded or has no usable prompt column.
+    """
+    if source is None:
+        source = default_dataset()
+        if source is None:
+            raise DatasetError(
+                f"no prompt set given and the Spec-Bench questions were not found (set ${SPEC_BENCH_ENV} or pass a "
+                "JSONL file with one 'prompt' per line)"
+            )
+    data = load_rows(source, split=split, config=config)
+    prompts = rows_to_prompts(
+        data, data.column_names, source=str(source), prompt_column=prompt_column, group_column=group_column
+    )
+    return select_per_group(prompts, per_group)
+
+
+def select_per_group(prompts: Sequence[Prompt], per_group: int | None) -> list[Prompt]:
+    """The first ``per_group`` prompts of each group, groups in order of first appearance (``None``: all)."""
+    if per_group is None:
+        return list(prompts)
+    if per_group < 1:
+        raise ValueError(f"per_group must be >= 1 (or None for all), got {per_group}")
+    groups: OrderedDict[str, list[Prompt]] = OrderedDict()
+    for p in prompts:
+        bucket = groups.setdefault(p.group, [])
+        if len(bucket) < per_group:
+            bucket.append(p)
+    return [p for bucket in groups.values() for p in bucket]
+
+
+def group_order(prompts: Iterable[Prompt]) -> list[str]:
+    """Group names in order of first appearance."""
+    return list(OrderedDict.fromkeys(p.group for p in prompts))

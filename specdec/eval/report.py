@@ -1,0 +1,264 @@
+"""From per-prompt records to ``summary.json``, a markdown report and the :class:`EvalReport` object.
+
+``summary.json`` (the contract other tools rely on)::
+
+    {"methods": [{"name": "specdec[self:int8,k=4]", "kind": "specdec", "draft": "self:int8", "k": 4,
+                  "prompts": 6, "tokens_per_s": 21.3, "speedup": 1.41,          # vs hf, same run
+                  "speedup_vs": {"hf": 1.41, "hf-assisted[self:int8]": 1.12},
+                  "acceptance_rate": 0.71, "mean_accepted_length": 3.2, "identical": 6, ...,
+                  "groups": {"mt_bench": {...same figures...}, "translation": {...}}}, ...],
+     "groups": ["mt_bench", ...], "baselines": ["hf", ...], "config": {...}}
+
+Every figure pools the prompts that every method of the run completed. Throughput is total new
+tokens over total seconds; speedups are ratios of throughputs measured in the same run. Acceptance
+rate, mean accepted length, speedup and identity are computed by specdec's local ``evaluate`` modules
+(:mod:`specdec.eval.metrics`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Any, Iterable, Mapping, Sequence
+
+from specdec.eval.datasets import Prompt, group_order
+from specdec.eval.metrics import compute_metric
+
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+OVERALL = "overall"
+#: files a run writes besides its records (``--overwrite`` removes exactly these)
+OUTPUT_FILES = (SUMMARY_FILE, REPORT_FILE, "speedup_per_group.png", "acceptance_by_position.png", "speedup_vs_k.png")
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequence[Mapping[str, Any]]],
+             speculative: bool, greedy: bool, reference: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """Pooled figures of one method over ``rows`` (one per prompt), against each baseline's rows on the same prompts."""
+    tokens = [r["new_tokens"] for r in rows]
+    seconds = [r["seconds"] for r in rows]
+    total_s = sum(seconds)
+    fig: dict[str, Any] = {
+        "prompts": len(rows),
+        "new_tokens": sum(tokens),
+        "seconds": _round(total_s),
+        "tokens_per_s": _round(sum(tokens) / total_s if total_s else 0.0, 3),
+        "time_to_first_token": _round(mean(r["time_to_first_token"] for r in rows) if rows else None, 5),
+        "time_per_output_token": _round(mean(r["time_per_output_token"] for r in rows) if rows else None, 5),
+    }
+    ratios = {}
+    for name, base in baseline_rows.items():
+        ratios[name] = _round(compute_metric(
+            "speedup", new_tokens=tokens, seconds=seconds,
+            baseline_new_tokens=[r["new_tokens"] for r in base], baseline_seconds=[r["seconds"] for r in base],
+        )["speedup"])
+    fig["speedup"] = ratios.get("hf")
+    fig["speedup_vs"] = ratios
+    keys = ("proposed", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_length", "identical")
+    fig.update(dict.fromkeys(keys))
+    if not speculative:
+        return fig
+    if rows and all(r.get("proposed_per_position") is not None for r in rows):
+        acc = compute_metric("acceptance_rate", accepted=[r["accepted_per_position"] for r in rows],
+                             proposed=[r["proposed_per_position"] for r in rows])
+        fig.update(proposed=acc["proposed"], accepted=acc["accepted"], acceptance_rate=_round(acc["acceptance_rate"]),
+                   acceptance_by_position=[_round(x) for x in acc.get("acceptance_by_position", [])])
+    if rows and all(r.get("verifier_passes") is not None for r in rows):
+        fig["mean_accepted_length"] = _round(compute_metric(
+            "mean_accepted_length", committed=[r["committed_tokens"] for r in rows],
+            verifier_passes=[r["verifier_passes"] for r in rows])["mean_accepted_length"])
+    if greedy:
+        fig["identical"] = compute_metric("token_exact_match", predictions=[r["output_ids"] for r in rows],
+                                          references=[reference[r["prompt_id"]] for r in rows])["matches"]
+    return fig
+
+
+def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], prompts: Sequence[Prompt],
+                  config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``summary.json`` dict for ``methods`` (objects with ``name``/``kind``/``draft``/``k``/``speculative``)
+    over the ``prompts`` that every method completed."""
+    names = [m.name for m in methods]
+    wanted = {p.id for p in prompts}
+    by_key = {(str(r["prompt_id"]), r["method"]): r for r in records if r["method"] in names}
+    complete = [p for p in prompts if all((p.id, n) in by_key for n in names)]
+    groups = group_order(complete)
+    baselines = [m.name for m in methods if not m.kind == "specdec"]
+    greedy = not config.get("do_sample", False)
+    reference = {p.id: by_key[(p.id, "hf")]["output_ids"] for p in complete}
+
+    def rows(name: str, group: str | None = None) -> list[Mapping[str, Any]]:
+        return [by_key[(p.id, name)] for p in complete if group is None or p.group == group]
+
+    entries = []
+    for m in methods:
+        bases = {b: rows(b) for b in baselines if b != m.name or b == "hf"}
+        entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k,
+                 **_figures(rows(m.name), bases, m.speculative, greedy, reference)}
+        entry["groups"] = {
+            g: _figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference)
+            for g in groups
+        }
+        entries.append(entry)
+    return {
+        "methods": entries,
+        "groups": groups,
+        "baselines": baselines,
+        "prompts": len(complete),
+        "incomplete_prompts": len(wanted) - len(complete),
+        "config": {**dict(config), "methods": names},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# rendering
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt(x: Any, spec: str = ".2f", scale: float = 1.0) -> str:
+    return "-" if x is None else format(x * scale, spec)
+
+
+def _table_rows(summary: Mapping[str, Any], group: str | None) -> tuple[list[str], list[list[str]]]:
+    baselines = summary["baselines"]
+    head = ["method", "prompts", "tokens", "tok/s", *[f"vs {b}" for b in baselines], "accept", "mean len",
+            "TTFT ms", "TPOT ms", "identical"]
+    body = []
+    for m in summary["methods"]:
+        f = m if group is None else m["groups"].get(group)
+        if f is None:
+            continue
+        vs = [("-" if b == m["name"] and b != "hf" else _fmt(f["speedup_vs"].get(b))) for b in baselines]
+        ident = "-" if f["identical"] is None else f"{f['identical']}/{f['prompts']}"
+        body.append([m["name"], str(f["prompts"]), str(f["new_tokens"]), _fmt(f["tokens_per_s"]), *vs,
+                     _fmt(f["acceptance_rate"]), _fmt(f["mean_accepted_length"]),
+                     _fmt(f["time_to_first_token"], ".0f", 1000), _fmt(f["time_per_output_token"], ".1f", 1000), ident])
+    return head, body
+
+
+def _position_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    spec = [m for m in summary["methods"] if m.get("acceptance_by_position")]
+    width = max((len(m["acceptance_by_position"]) for m in spec), default=0)
+    head = ["method", *[str(i + 1) for i in range(width)]]
+    body = [[m["name"], *[_fmt(x) for x in m["acceptance_by_position"]],
+             *["" for _ in range(width - len(m["acceptance_by_position"]))]] for m in spec]
+    return head, body
+
+
+def _markdown_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "--:" for i in range(len(head))) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def _html_table(head: Sequence[str], body: Sequence[Sequence[str]], caption: str) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
+    return f"<table><caption>{html.escape(caption)}</caption><thead><tr>{th}</tr></thead><tbody>{trs}</tbody></table>"
+
+
+def _describe(summary: Mapping[str, Any]) -> str:
+    c = summary["config"]
+    mode = "greedy" if not c.get("do_sample") else f"sampling (temperature {c.get('temperature')}, top-p {c.get('top_p')})"
+    parts = [f"model `{c.get('model')}` ({c.get('dtype', '?')}, {c.get('device', '?')})", mode,
+             f"{c.get('max_new_tokens')} new tokens", "chat template" if c.get("chat_template") else "raw prompts",
+             f"{summary['prompts']} prompts" + (f" from `{c['dataset']}`" if c.get("dataset") else "")]
+    if c.get("per_group"):
+        parts[-1] += f" ({c['per_group']} per group)"
+    if c.get("num_processes", 1) > 1:
+        parts.append(f"{c['num_processes']} processes")
+    return ", ".join(parts) + "."
+
+
+def _sections(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    out = [(OVERALL, *_table_rows(summary, None))]
+    if len(summary["groups"]) > 1:  # a single group's table would repeat the overall one
+        out += [(g, *_table_rows(summary, g)) for g in summary["groups"]]
+    return out
+
+
+def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> str:
+    """The markdown report: one table overall and one per task group, then acceptance by draft position."""
+    lines = ["# specdec evaluation", "", _describe(summary), ""]
+    if summary["config"].get("command"):
+        lines += ["```", summary["config"]["command"], "```", ""]
+    lines += ["`vs X` columns are tokens/s ratios against method X in this run; `accept` is the draft acceptance rate, "
+              "`mean len` the tokens committed per verifier pass, `identical` the greedy outputs equal to `hf`'s.", ""]
+    if summary.get("incomplete_prompts"):
+        lines += [f"{summary['incomplete_prompts']} prompt(s) not completed by every method are left out.", ""]
+    for title, head, body in _sections(summary):
+        lines += [f"## {title}", "", _markdown_table(head, body), ""]
+    head, body = _position_rows(summary)
+    if body:
+        lines += ["## acceptance by draft position", "", _markdown_table(head, body), ""]
+    if plots:
+        lines += ["## plots", ""] + [f"![{Path(p).stem.replace('_', ' ')}]({Path(p).name})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def render_html(summary: Mapping[str, Any]) -> str:
+    """HTML tables of the report (for Jupyter)."""
+    parts = [f"<p>{html.escape(_describe(summary))}</p>"]
+    parts += [_html_table(head, body, title) for title, head, body in _sections(summary)]
+    head, body = _position_rows(summary)
+    if body:
+        parts.append(_html_table(head, body, "acceptance by draft position"))
+    return "<div>" + "".join(parts) + "</div>"
+
+
+@dataclass
+class EvalReport:
+    """Result of :func:`specdec.eval.run_eval`: the summary, the per-prompt records and where they live."""
+
+    summary: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    out_dir: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``summary.json`` contents."""
+        return self.summary
+
+    def method(self, name: str) -> dict[str, Any]:
+        """The summary entry of method ``name`` (e.g. ``"specdec[self:int8,k=4]"``)."""
+        for m in self.summary["methods"]:
+            if m["name"] == name:
+                return m
+        raise KeyError(f"no method {name!r}; the run has {[m['name'] for m in self.summary['methods']]}")
+
+    def markdown(self) -> str:
+        """The markdown report (``report.md``)."""
+        plots = [p for p in OUTPUT_FILES if p.endswith(".png") and self.out_dir and (self.out_dir / p).is_file()]
+        return render_markdown(self.summary, plots)
+
+    def __str__(self) -> str:
+        return self.markdown()
+
+    def _repr_html_(self) -> str:
+        return render_html(self.summary)
+
+    @classmethod
+    def load(cls, out_dir: str | os.PathLike) -> "EvalReport":
+        """Read a finished run back from its output directory."""
+        from specdec.eval.runner import load_records
+
+        out = Path(out_dir)
+        return cls(json.loads((out / SUMMARY_FILE).read_text()), load_records(out), out)
+
+
+def write_outputs(report: EvalReport, out_dir: str | os.PathLike, plots: bool = True) -> list[Path]:
+    """Write ``summary.json``, the plots (matplotlib) and ``report.md`` into ``out_dir``; returns the paths."""
+    out = Path(out_dir)
+    written = [out / SUMMARY_FILE]
+    written[0].write_text(json.dumps(report.summary, indent=2) + "\n")
+    if plots:
+        from specdec.eval.plots import write_plots
+
+        written += write_plots(report.summary, out)
+    (out / REPORT_FILE).write_text(render_markdown(report.summary, [p.name for p in written if p.suffix == ".png"]))
+    return [*written, out / REPORT_FILE]

@@ -1,0 +1,692 @@
+"""The evaluation loop: every prompt through every method back to back, one JSON line per (prompt, method).
+
+Methods (:class:`MethodSpec`):
+
+- ``hf``: plain ``model.generate``, the reference for speedups and output identity;
+- ``hf-assisted[D]``: ``model.generate(assistant_model=<D's model>)`` with transformers' defaults;
+- ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
+- ``specdec[D,k=K]``: :class:`specdec.SpeculativeModel` with drafter ``D`` drafting ``K`` tokens per pass.
+
+For ``self:SCHEME`` the quantized copy is built once and the same module drafts for specdec and for HF
+assisted generation. Methods run in an order rotated per prompt, after one warm-up each, with the same
+chat template and generation arguments. Records go to ``records.jsonl`` (``records.rankN.jsonl`` per
+process under ``accelerate launch``) as each prompt finishes; a rerun skips recorded pairs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from specdec.eval.datasets import DEFAULT_GROUP, Prompt, rows_to_prompts
+from specdec.eval.side_by_side import encode_prompt
+
+HF, HF_ASSISTED, HF_PROMPT_LOOKUP, SPECDEC = "hf", "hf-assisted", "hf-prompt-lookup", "specdec"
+BASELINE_KINDS = (HF, HF_ASSISTED, HF_PROMPT_LOOKUP)
+DEFAULT_BASELINES = (HF, HF_ASSISTED)
+DEFAULT_DRAFT = "self:int8"
+DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # the value transformers' docs use
+WARMUP_TOKENS = 8
+CONFIG_FILE = "eval_config.json"
+RECORDS_FILE = "records.jsonl"
+#: settings that change what a recorded (prompt, method) pair means: a resume must match them
+RESUME_KEYS = ("model", "dataset", "max_new_tokens", "do_sample", "temperature", "top_p", "seed", "chat_template",
+               "prompt_lookup_num_tokens")
+
+
+# --------------------------------------------------------------------------------------------
+# methods and drafters
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One generation method: ``kind`` plus the drafter and draft length where they apply."""
+
+    kind: str
+    draft: str | None = None
+    k: int | None = None
+    adaptive: bool = False  # specdec only: choose the draft length per step, up to k
+
+    def __post_init__(self) -> None:
+        if self.kind not in (*BASELINE_KINDS, SPECDEC):
+            raise ValueError(f"unknown method {self.kind!r}; choose from {', '.join((*BASELINE_KINDS, SPECDEC))}")
+        if self.kind in (HF_ASSISTED, SPECDEC) and not self.draft:
+            raise ValueError(f"method {self.kind} needs a drafter")
+        if self.kind == SPECDEC and (not isinstance(self.k, int) or self.k < 1):
+            raise ValueError(f"specdec needs a draft length k >= 1, got {self.k!r}")
+
+    @property
+    def name(self) -> str:
+        """Stable name used in records and ``summary.json``: ``hf``, ``hf-assisted[self:int8]``, ``specdec[self:int8,k=4]``."""
+        if self.kind == SPECDEC:
+            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}]"
+        if self.kind == HF_ASSISTED:
+            return f"{HF_ASSISTED}[{self.draft}]"
+        return self.kind
+
+    @property
+    def speculative(self) -> bool:
+        """Whether the method drafts and verifies (and so has acceptance statistics)."""
+        return self.kind != HF
+
+    @classmethod
+    def parse(cls, name: str) -> "MethodSpec":
+        """Inverse of :attr:`name`."""
+        m = re.fullmatch(r"(hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?\]", name.strip())
+        if m:
+            return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)))
+        return cls(name.strip())
+
+
+@dataclass
+class ResolvedDraft:
+    """A drafter for both sides: what ``SpeculativeModel(draft=...)`` takes, and an HF model for
+    ``model.generate(assistant_model=...)`` (``None`` when the drafter is not a causal LM)."""
+
+    name: str
+    draft: Any
+    assistant: torch.nn.Module | None = None
+    draft_tokenizer: Any = None
+
+
+DrafterBuilder = Callable[[str, Any, Any], Any]
+_DRAFTERS: dict[str, tuple[DrafterBuilder, bool]] = {}
+
+
+def register_drafter(prefix: str, builder: DrafterBuilder, *, hf_assistant: bool = False) -> None:
+    """Make ``--draft PREFIX[:ARGS]`` resolve through ``builder(spec, model, tokenizer)``.
+
+    The builder returns a :class:`ResolvedDraft`, a causal LM (used for specdec and, with
+    ``hf_assistant=True``, for HF assisted generation) or anything ``SpeculativeModel`` accepts as
+    ``draft``. ``hf_assistant`` says whether the drafter can also serve ``hf-assisted``.
+    """
+    _DRAFTERS[prefix] = (builder, hf_assistant)
+
+
+def _is_local_model(spec: str) -> bool:
+    return os.path.isdir(spec) or (spec.endswith(".gguf") and os.path.isfile(spec))
+
+
+def has_hf_assistant(spec: str) -> bool:
+    """Whether drafter ``spec`` is a causal LM that HF assisted generation can use."""
+    prefix = spec.split(":", 1)[0]
+    if prefix in _DRAFTERS:
+        return _DRAFTERS[prefix][1]
+    return spec.startswith("self:") or _is_local_model(spec)
+
+
+def resolve_draft(spec: str, model: Any, tokenizer: Any = None) -> ResolvedDraft:
+    """Build drafter ``spec`` for ``model``: the one place drafter names are turned into objects.
+
+    Order: drafters registered with :func:`register_drafter` (by the part before ``:``), then
+    ``self:SCHEME`` (``specdec.quant.quantize(model, SCHEME)``, shared by specdec and HF assisted),
+    then a local model directory / ``.gguf`` file; any other name is handed to ``SpeculativeModel``,
+    which resolves the drafters specdec itself knows.
+    """
+    prefix = spec.split(":", 1)[0]
+    if prefix in _DRAFTERS:
+        builder, hf_ok = _DRAFTERS[prefix]
+        built = builder(spec, model, tokenizer)
+        if isinstance(built, ResolvedDraft):
+            return built
+        assistant = built if hf_ok and isinstance(built, torch.nn.Module) else None
+        return ResolvedDraft(spec, built, assistant)
+    if spec.startswith("self:"):
+        from specdec.drafters import ModelDrafter
+        from specdec.quant import quantize
+
+        copy = quantize(model, spec.split(":", 1)[1])
+        # wrapped as specdec's own "self:SCHEME" resolution does: a copy of the verifier needs no vocabulary check
+        return ResolvedDraft(spec, ModelDrafter(copy), copy)
+    if _is_local_model(spec):
+        from specdec.models import load_model
+
+        draft_model, draft_tok = load_model(spec, dtype=model.dtype, device=model.device)
+        return ResolvedDraft(spec, draft_model, draft_model, draft_tok)
+    return ResolvedDraft(spec, spec, None)
+
+
+def plan_methods(
+    baselines: Iterable[str] = DEFAULT_BASELINES,
+    drafts: Iterable[str] = (DEFAULT_DRAFT,),
+    num_draft_tokens: Iterable[int] = (4,),
+    adaptive: bool = False,
+) -> list[MethodSpec]:
+    """The methods of a run: ``hf`` (always: it is the reference), the baselines, then specdec per drafter and k
+    (and, with ``adaptive``, each of those again with adaptive draft length up to k).
+
+    ``hf-assisted`` is planned for each drafter that is a causal LM; for the others a warning says
+    why it is left out.
+    """
+    baselines, drafts, ks = list(baselines), list(drafts), list(num_draft_tokens)
+    unknown = [b for b in baselines if b not in BASELINE_KINDS]
+    if unknown:
+        raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINE_KINDS)}")
+    methods = [MethodSpec(HF)]
+    if HF_ASSISTED in baselines:
+        for d in drafts:
+            if has_hf_assistant(d):
+                methods.append(MethodSpec(HF_ASSISTED, d))
+            else:
+                warnings.warn(f"hf-assisted needs a causal LM as assistant; drafter {d!r} is not one, skipped",
+                              stacklevel=2)
+    if HF_PROMPT_LOOKUP in baselines:
+        methods.append(MethodSpec(HF_PROMPT_LOOKUP))
+    methods += [MethodSpec(SPECDEC, d, k) for d in drafts for k in ks]
+    if adaptive:
+        methods += [MethodSpec(SPECDEC, d, k, adaptive=True) for d in drafts for k in ks]
+    return list(dict.fromkeys(methods))
+
+
+# --------------------------------------------------------------------------------------------
+# measuring one generation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Measurement:
+    """What one generation of one prompt by one method produced and cost."""
+
+    output_ids: list[int]
+    seconds: float
+    time_to_first_token: float
+    time_per_output_token: float
+    proposed_per_position: list[int] | None = None
+    accepted_per_position: list[int] | None = None
+    committed_tokens: int | None = None
+    verifier_passes: int | None = None
+
+
+class _StepTimer(BaseStreamer):
+    """A streamer that timestamps each step's tokens: the first gives HF's time to first token, and
+    the number of tokens per step is what a verifier pass committed in assisted generation."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.sizes: list[int] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate() streams the prompt first
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.sizes.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _count_candidates(model: Any) -> Iterator[list[int] | None]:
+    """Record how many candidate tokens HF's candidate generator proposes at each assisted step.
+
+    transformers exposes no draft statistics, so this wraps the (private) ``_get_candidate_generator``
+    on the instance for one call; if it is missing the list stays ``None`` and acceptance is unknown.
+    """
+    original = getattr(model, "_get_candidate_generator", None)
+    if original is None:
+        yield None
+        return
+    proposals: list[int] = []
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        generator = original(*args, **kwargs)
+        get = generator.get_candidates
+
+        def get_candidates(input_ids: torch.Tensor, *a: Any, **kw: Any) -> Any:
+            candidates, logits = get(input_ids, *a, **kw)
+            proposals.append(int(candidates.shape[-1] - input_ids.shape[-1]))
+            return candidates, logits
+
+        generator.get_candidates = get_candidates
+        return generator
+
+    model._get_candidate_generator = wrapped
+    try:
+        yield proposals
+    finally:
+        del model._get_candidate_generator
+
+
+def _positions(proposed: Sequence[int], committed: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Per-position proposed / accepted counts from per-step proposal sizes and committed tokens."""
+    width = max(proposed, default=0)
+    prop, acc = [0] * width, [0] * width
+    for p, c in zip(proposed, committed):
+        for i in range(p):
+            prop[i] += 1
+        for i in range(min(max(c - 1, 0), p)):  # a step commits its accepted drafts + one verifier token
+            acc[i] += 1
+    return prop, acc
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _decode_stats(seconds: float, ttft: float, new_tokens: int) -> float:
+    return (seconds - ttft) / (new_tokens - 1) if new_tokens > 1 else 0.0
+
+
+class _Runner:
+    """Runs one method on one prompt."""
+
+    def __init__(self, method: MethodSpec, model: Any, extra: Mapping[str, Any] | None = None, spec: Any = None):
+        self.method, self.model, self.extra, self.spec = method, model, dict(extra or {}), spec
+
+    def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> Measurement:
+        mask = torch.ones_like(ids)
+        if self.method.kind == SPECDEC:
+            return self._specdec(ids, mask, gen_kwargs, seed)
+        return self._hf(ids, mask, gen_kwargs, seed)
+
+    def _hf(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> Measurement:
+        timer = _StepTimer()
+        counter = _count_candidates(self.model) if self.method.speculative else contextlib.nullcontext(None)
+        if seed is not None:
+            torch.manual_seed(seed)
+        with counter as proposals:
+            start = time.perf_counter()
+            out = self.model.generate(ids, attention_mask=mask, streamer=timer, **gen_kwargs, **self.extra)
+            _sync(ids.device)
+            seconds = time.perf_counter() - start
+        new = out[0, ids.shape[1]:].tolist()
+        ttft = (timer.times[0] - start) if timer.times else seconds
+        result = Measurement(new, seconds, ttft, _decode_stats(seconds, ttft, len(new)))
+        if self.method.speculative:
+            result.committed_tokens, result.verifier_passes = sum(timer.sizes), len(timer.sizes)
+            if proposals is not None and len(proposals) == len(timer.sizes):
+                result.proposed_per_position, result.accepted_per_position = _positions(proposals, timer.sizes)
+        return result
+
+    def _specdec(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> Measurement:
+        generator = torch.Generator(device=ids.device).manual_seed(seed) if seed is not None else None
+        start = time.perf_counter()
+        out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=self.method.k, generator=generator,
+                                 **gen_kwargs)
+        _sync(ids.device)
+        seconds = time.perf_counter() - start
+        stats = self.spec.last_stats
+        new = out[0, ids.shape[1]:].tolist()
+        return Measurement(
+            new, seconds, stats.time_to_first_token, stats.time_per_output_token,
+            list(stats.proposed_per_position), list(stats.accepted_per_position),
+            committed_tokens=sum(stats.committed_per_step), verifier_passes=len(stats.committed_per_step),
+        )
+
+
+def build_runners(
+    methods: Sequence[MethodSpec], model: Any, tokenizer: Any, prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS
+) -> dict[str, _Runner]:
+    """One runner per method; each drafter is built once and shared by its specdec and HF-assisted methods."""
+    import specdec
+
+    drafts: dict[str, ResolvedDraft] = {}
+    specs: dict[tuple[str, int | None], Any] = {}
+    runners: dict[str, _Runner] = {}
+    for m in methods:
+        if m.draft is not None and m.draft not in drafts:
+            drafts[m.draft] = resolve_draft(m.draft, model, tokenizer)
+        if m.kind == HF:
+            runners[m.name] = _Runner(m, model)
+        elif m.kind == HF_PROMPT_LOOKUP:
+            runners[m.name] = _Runner(m, model, {"prompt_lookup_num_tokens": prompt_lookup_num_tokens})
+        elif m.kind == HF_ASSISTED:
+            assistant = drafts[m.draft].assistant
+            if assistant is None:
+                raise ValueError(f"drafter {m.draft!r} is not a causal LM: HF assisted generation cannot use it")
+            runners[m.name] = _Runner(m, model, {"assistant_model": assistant})
+        else:
+            key = (m.draft, m.k if m.adaptive else None)  # an adaptive policy learns per method
+            if key not in specs:
+                d = drafts[m.draft]
+                specs[key] = specdec.SpeculativeModel(
+                    model, d.draft, num_draft_tokens=m.k, tokenizer=tokenizer, draft_tokenizer=d.draft_tokenizer,
+                    adaptive=m.adaptive,
+                )
+            runners[m.name] = _Runner(m, model, spec=specs[key])
+    return runners
+
+
+# --------------------------------------------------------------------------------------------
+# records on disk
+# --------------------------------------------------------------------------------------------
+
+
+def shard_path(out_dir: Path, rank: int = 0, world: int = 1) -> Path:
+    """The JSONL file this process appends to."""
+    return out_dir / (RECORDS_FILE if world == 1 else f"records.rank{rank}.jsonl")
+
+
+def load_records(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every record in ``out_dir`` (all shards), first occurrence of each (prompt, method) pair kept.
+
+    A line cut short by an interrupted run is skipped (its pair is simply run again).
+    """
+    out_dir = Path(out_dir)
+    files = sorted(out_dir.glob("records*.jsonl"), key=lambda p: (p.name != RECORDS_FILE, p.name))
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in files:
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            seen.setdefault((str(rec["prompt_id"]), rec["method"]), rec)
+    return list(seen.values())
+
+
+class ResumeError(ValueError):
+    """The output directory holds results of another configuration."""
+
+
+def _end_partial_line(path: Path) -> None:
+    """An interrupted run may leave half a line: end it, so the next record starts on a line of its own."""
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def _check_config(out_dir: Path, config: Mapping[str, Any]) -> None:
+    path = out_dir / CONFIG_FILE
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    differ = [k for k in RESUME_KEYS if old.get(k) != config.get(k)]
+    if differ:
+        detail = ", ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in differ)
+        raise ResumeError(f"{out_dir} holds results of another configuration ({detail}); "
+                         "use another output directory, or overwrite it")
+
+
+def _clear(out_dir: Path) -> None:
+    """Remove what a previous run wrote (only our own files)."""
+    from specdec.eval.report import OUTPUT_FILES
+
+    for path in [*out_dir.glob("records*.jsonl"), *(out_dir / n for n in (CONFIG_FILE, *OUTPUT_FILES))]:
+        if path.is_file():
+            path.unlink()
+
+
+# --------------------------------------------------------------------------------------------
+# the loop
+# --------------------------------------------------------------------------------------------
+
+
+def _as_prompts(prompts: Any) -> list[Prompt]:
+    if isinstance(prompts, (str, os.PathLike)):
+        from specdec.eval.datasets import load_prompts
+
+        return load_prompts(prompts)
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    if all(isinstance(p, Prompt) for p in prompts):
+        return prompts
+    if all(isinstance(p, str) for p in prompts):
+        return [Prompt(id=str(i), group=DEFAULT_GROUP, text=t) for i, t in enumerate(prompts)]
+    if all(isinstance(p, Mapping) for p in prompts):
+        columns = list(dict.fromkeys(k for p in prompts for k in p))
+        return rows_to_prompts(prompts, columns, source="prompts")
+    raise TypeError("prompts must be Prompt objects, strings, dicts with a 'prompt' (or 'turns') field, or a path")
+
+
+def _state(model: Any) -> Any:
+    """accelerate's process state; on CPU it must be asked for explicitly, or torchrun workers each see one process."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=getattr(model, "device", torch.device("cpu")).type == "cpu")
+
+
+def _rotate(methods: Sequence[MethodSpec], i: int) -> list[MethodSpec]:
+    """Methods in the order used for the i-th prompt: each method goes first equally often."""
+    j = i % len(methods)
+    return list(methods[j:]) + list(methods[:j])
+
+
+def _record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: Measurement, prompt_tokens: int,
+            reference: list[int] | None, greedy: bool, text: str, rank: int) -> dict[str, Any]:
+    new = len(m.output_ids)
+    rec: dict[str, Any] = {
+        "prompt_id": prompt.id, "prompt_index": index, "group": prompt.group,
+        "method": method.name, "kind": method.kind, "draft": method.draft, "k": method.k,
+        "order": slot, "rank": rank, "prompt_tokens": prompt_tokens, "new_tokens": new,
+        "seconds": m.seconds, "tokens_per_s": new / m.seconds if m.seconds > 0 else 0.0,
+        "time_to_first_token": m.time_to_first_token, "time_per_output_token": m.time_per_output_token,
+        "proposed": None, "accepted": None, "acceptance_rate": None, "proposed_per_position": m.proposed_per_position,
+        "accepted_per_position": m.accepted_per_position, "acceptance_by_position": None,
+        "committed_tokens": m.committed_tokens, "verifier_passes": m.verifier_passes, "mean_accepted_length": None,
+        "identical": None, "output_ids": m.output_ids, "text": text,
+    }
+    if m.proposed_per_position is not None:
+        proposed, accepted = sum(m.proposed_per_position), sum(m.accepted_per_position or [])
+        rec.update(proposed=proposed, accepted=accepted, acceptance_rate=accepted / proposed if proposed else 0.0,
+                   acceptance_by_position=[a / p if p else 0.0 for a, p in
+                                           zip(m.accepted_per_position or [], m.proposed_per_position)])
+    if m.verifier_passes:
+        rec["mean_accepted_length"] = m.committed_tokens / m.verifier_passes
+    if greedy and method.kind != HF and reference is not None:
+        rec["identical"] = m.output_ids == reference
+    return rec
+
+
+class _Progress:
+    """tqdm bar over (prompt, method) pairs with the running speedup over ``hf`` in its postfix."""
+
+    def __init__(self, total: int, methods: Sequence[MethodSpec], enabled: bool, rank: int, world: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc="eval" if world == 1 else f"eval rank {rank}", unit="gen",
+                        disable=not enabled, file=sys.stderr, position=rank if world > 1 else None, dynamic_ncols=True)
+        self.tokens = {m.name: 0 for m in methods}
+        self.seconds = {m.name: 0.0 for m in methods}
+        multi = len({m.draft for m in methods if m.draft}) > 1
+        self.labels = {m.name: self._label(m, multi) for m in methods if m.kind != HF}
+
+    @staticmethod
+    def _label(m: MethodSpec, multi: bool) -> str:
+        base = {HF_ASSISTED: "assisted", HF_PROMPT_LOOKUP: "lookup"}.get(m.kind, f"k{m.k}")
+        return f"{m.draft} {base}" if multi and m.draft else base
+
+    def add(self, records: Iterable[Mapping[str, Any]], measured: int) -> None:
+        for r in records:
+            if r["method"] in self.tokens:
+                self.tokens[r["method"]] += r["new_tokens"]
+                self.seconds[r["method"]] += r["seconds"]
+        base = self.tokens[HF] / self.seconds[HF] if self.seconds[HF] else 0.0
+        if base:
+            self.bar.set_postfix({label: f"{self.tokens[n] / self.seconds[n] / base:.2f}x"
+                                  for n, label in self.labels.items() if self.seconds[n]}, refresh=False)
+        self.bar.update(measured)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@dataclass
+class EvalSettings:
+    """Generation settings shared by every method of a run."""
+
+    max_new_tokens: int = 64
+    do_sample: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int = 0
+    chat: bool = True
+    prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS
+
+    def generate_kwargs(self, tokenizer: Any) -> dict[str, Any]:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        kwargs: dict[str, Any] = dict(max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, pad_token_id=pad)
+        if self.do_sample:
+            kwargs.update({k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p)) if v is not None})
+        return kwargs
+
+
+def run_eval(
+    model: Any,
+    tokenizer: Any,
+    prompts: Any,
+    methods: Sequence[MethodSpec | str] | None = None,
+    *,
+    out_dir: str | os.PathLike,
+    draft: str | Sequence[str] = DEFAULT_DRAFT,
+    num_draft_tokens: int | Sequence[int] = 4,
+    baselines: Sequence[str] = DEFAULT_BASELINES,
+    adaptive: bool = False,
+    max_new_tokens: int = 64,
+    do_sample: bool = False,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    chat: bool = True,
+    prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS,
+    batch_size: int = 1,
+    warmup: bool = True,
+    progress: bool = True,
+    plots: bool = True,
+    overwrite: bool = False,
+    model_name: str | None = None,
+    dataset: str | None = None,
+    config: Mapping[str, Any] | None = None,
+):
+    """Evaluate ``model`` with each method on ``prompts``; write records, ``summary.json``, a report and plots.
+
+    Args:
+        model, tokenizer: the verifier (a transformers causal LM) and its tokenizer.
+        prompts: :class:`~specdec.eval.datasets.Prompt` objects, strings, dicts with a ``prompt``
+            (or Spec-Bench ``turns``) field, or a dataset path / hub name for :func:`load_prompts`.
+        methods: :class:`MethodSpec` objects or their names (``"hf"``, ``"hf-assisted[self:int8]"``,
+            ``"specdec[self:int8,k=4]"``); default: :func:`plan_methods` of ``baselines``, ``draft``
+            and ``num_draft_tokens``. ``hf`` is always run: speedups and identity are measured against it.
+        out_dir: where records and reports go; a rerun with the same directory resumes.
+        draft: one drafter spec or several (``self:SCHEME``, a local model path, or a registered name).
+        num_draft_tokens: one k or several.
+        baselines: among ``hf``, ``hf-assisted``, ``hf-prompt-lookup``.
+        max_new_tokens, do_sample, temperature, top_p, seed: generation settings for every method
+            (greedy by default; each prompt gets seed ``seed + index`` when sampling).
+        chat: feed prompts through the tokenizer's chat template.
+        batch_size: only 1 for now.
+        warmup: one short untimed generation per method before the first timed one.
+        progress: tqdm bar on stderr; plots: write PNG plots.
+        overwrite: discard the results already in ``out_dir`` instead of resuming.
+        model_name, dataset, config: recorded in ``summary.json`` (``model_name`` and ``dataset``
+            also guard resumes against mixing configurations).
+
+    Returns:
+        An :class:`~specdec.eval.report.EvalReport` (``to_dict()`` is ``summary.json``); under
+        ``accelerate launch`` every process returns the gathered report.
+    """
+    from specdec.eval.report import EvalReport, build_summary, write_outputs
+
+    if batch_size != 1:
+        raise NotImplementedError(f"batch_size={batch_size}: batched evaluation is not implemented yet (use 1)")
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    prompts = _as_prompts(prompts)
+    if methods is None:
+        drafts = [draft] if isinstance(draft, str) else list(draft)
+        ks = [num_draft_tokens] if isinstance(num_draft_tokens, int) else list(num_draft_tokens)
+        methods = plan_methods(baselines, drafts, ks, adaptive=adaptive)
+    else:
+        methods = [m if isinstance(m, MethodSpec) else MethodSpec.parse(m) for m in methods]
+        methods = list(dict.fromkeys([MethodSpec(HF), *methods]))
+    settings = EvalSettings(max_new_tokens, do_sample, temperature, top_p, seed, chat, prompt_lookup_num_tokens)
+    run_config = {
+        "model": model_name or getattr(model, "name_or_path", None) or type(model).__name__,
+        "dataset": dataset,
+        "max_new_tokens": max_new_tokens, "do_sample": do_sample,
+        "temperature": temperature if do_sample else None, "top_p": top_p if do_sample else None,
+        "seed": seed if do_sample else None, "chat_template": bool(chat and getattr(tokenizer, "chat_template", None)),
+        "prompt_lookup_num_tokens": prompt_lookup_num_tokens if any(m.kind == HF_PROMPT_LOOKUP for m in methods) else None,
+    }
+
+    out = Path(out_dir)
+    state = _state(model)
+    if state.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            _clear(out)
+    state.wait_for_everyone()
+    _check_config(out, run_config)  # every process, so all of them stop alike
+    state.wait_for_everyone()
+    if state.is_main_process:
+        (out / CONFIG_FILE).write_text(json.dumps(run_config, indent=2) + "\n")
+
+    done = {(r["prompt_id"], r["method"]): r for r in load_records(out)}
+    with state.split_between_processes(list(enumerate(prompts))) as mine:
+        mine = list(mine)
+    todo = [(i, p, [m for m in _rotate(methods, i) if (p.id, m.name) not in done]) for i, p in mine]
+    todo = [t for t in todo if t[2]]
+
+    if todo:
+        _evaluate(model, tokenizer, todo, methods, done, settings, out, state, warmup, progress)
+    state.wait_for_everyone()
+
+    config_out = {**run_config, **dict(config or {}), "num_processes": state.num_processes,
+                  "device": str(getattr(model, "device", "cpu")), "dtype": str(getattr(model, "dtype", "")).replace("torch.", "")}
+    if state.is_main_process:  # gather: every process's shard is complete after the barrier above
+        records = load_records(out)
+        report = EvalReport(build_summary(records, methods, prompts, config_out), records, out)
+        write_outputs(report, out, plots=plots)
+    state.wait_for_everyone()
+    if not state.is_main_process:
+        report = EvalReport.load(out)
+    return report
+
+
+def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSpec], done: Mapping, settings: EvalSettings,
+              out: Path, state: Any, warmup: bool, progress: bool) -> None:
+    """Run the pending (prompt, method) pairs of this process, writing each prompt's records as it finishes."""
+    needed = [m for m in methods if any(m in t[2] for t in todo)]
+    runners = build_runners(needed, model, tokenizer, settings.prompt_lookup_num_tokens)
+    gen_kwargs = settings.generate_kwargs(tokenizer)
+    device = getattr(model, "device", torch.device("cpu"))
+
+    if warmup:  # the first calls pay for allocations, kernel selection, lazy imports: keep them out of the timings
+        ids = encode_prompt(tokenizer, todo[0][1].text, settings.chat).to(device)
+        for m in needed:
+            runners[m.name](ids, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, settings.max_new_tokens)},
+                            settings.seed if settings.do_sample else None)
+
+    bar = _Progress(sum(len(t[2]) for t in todo), methods, progress, state.process_index, state.num_processes)
+    bar.add([r for i, p, _ in todo for r in (done.get((p.id, m.name)) for m in methods) if r], 0)
+    path = shard_path(out, state.process_index, state.num_processes)
+    _end_partial_line(path)
+    try:
+        with path.open("a") as sink:
+            for index, prompt, pending in todo:
+                ids = encode_prompt(tokenizer, prompt.text, settings.chat).to(device)
+                seed = settings.seed + index if settings.do_sample else None
+                measured = {m.name: (slot, runners[m.name](ids, gen_kwargs, seed)) for slot, m in enumerate(pending)}
+                ref = measured[HF][1].output_ids if HF in measured else (done.get((prompt.id, HF)) or {}).get("output_ids")
+                records = []
+                for m in pending:
+                    slot, result = measured[m.name]
+                    text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+                    records.append(_record(prompt, index, m, slot, result, int(ids.shape[1]), ref,
+                                           not settings.do_sample, text, state.process_index))
+                # one write per prompt: a run cut short loses at most the prompt in flight
+                sink.write("".join(json.dumps(r) + "\n" for r in records))
+                sink.flush()
+                bar.add(records, len(records))
+    finally:
+        bar.close()
