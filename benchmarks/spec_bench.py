@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in methods:
         if m.startswith("hf-assisted"):
             print(f"specdec vs {m}: {tps.get('specdec', 0) / tps[m]:.2f}x")
-    print(f"\nper group speedup of specdec over hf:")
+    print("\nper group speedup of specdec over hf:")
     for group, row in per_group.items():
         if "specdec" in row:
             print(f"  {group:<24}{row['hf'] / row['specdec']:.2f}x")

@@ -814,6 +814,15 @@ class QuantScheme:
     quantize_head: bool = True
     dtype: str | None = None
     compute_dtype: str | None = None
+    head: "QuantScheme | None" = None  # the LM head's own scheme (``+head8`` / ``+head16``), else as the blocks
+
+    def head_bytes(self, hidden: int, vocab: int) -> int:
+        """Bytes of the (quantized) LM head matrix."""
+        if self.head is None:
+            return self.linear_bytes(hidden, vocab)
+        if self.head.dtype is not None:
+            return hidden * vocab * dtype_bytes(self.head.dtype)
+        return self.head.linear_bytes(hidden, vocab)
 
     def linear_bytes(self, in_features: int, out_features: int) -> int:
         """Bytes of one ``in_features x out_features`` weight matrix under this scheme."""
@@ -822,14 +831,15 @@ class QuantScheme:
 
 
 # base name -> (bits, default group, overhead bytes per group, compute dtype). Overheads follow the
-# backends specdec.quant uses: torch.ao dynamic int8 keeps an fp32 scale and an int32 zero point
-# per output channel; torch's int4pack a bf16 scale and zero per group (default group 32, as
+# backends specdec.quant uses on CPU: int8 (and int8-weight-only) is torch's int8pack kernel with a
+# bf16 scale per output channel and bf16 compute; torch.ao dynamic int8 keeps an fp32 scale and an
+# int32 zero point per output channel; torch's int4pack a bf16 scale and zero per group (default group 32, as
 # specdec.quant); bitsandbytes nf4/fp4 an fp32 absmax per 64 weights (8-bit absmax and an fp32
 # second level per 256 blocks with double quantization).
 _QUANT_BASES: dict[str, tuple[float, int | None, float, str | None]] = {
-    "int8": (8, None, 8.0, None),
+    "int8": (8, None, 2.0, "bfloat16"),
     "int8-dynamic": (8, None, 8.0, None),
-    "int8-weight-only": (8, None, 4.0, "bfloat16"),
+    "int8-weight-only": (8, None, 2.0, "bfloat16"),
     "fp8": (8, None, 4.0, None),
     "int4": (4, 32, 4.0, "bfloat16"),
     "nf4": (4, 64, 4.0, "bfloat16"),
@@ -838,7 +848,7 @@ _QUANT_BASES: dict[str, tuple[float, int | None, float, str | None]] = {
     "fp4-dq": (4, 64, 1.0 + 4.0 / 256, "bfloat16"),
 }
 _QUANT_ALIASES = {"qint8": "int8", "w8": "int8", "float8": "fp8", "float8_e4m3fn": "fp8"}
-_QUANT_RE = re.compile(r"^(?P<base>[a-z0-9_.\-]+?)(?:[:\-]g(?P<group>\d+))?(?P<head>\+head)?$")
+_QUANT_RE = re.compile(r"^(?P<base>[a-z0-9_.\-]+?)(?:[:\-]g(?P<group>\d+))?(?P<head>\+head(?:8|16)?)?$")
 
 
 def parse_quant(spec: str | QuantScheme | None) -> QuantScheme | None:
@@ -862,7 +872,9 @@ def parse_quant(spec: str | QuantScheme | None) -> QuantScheme | None:
     m = _QUANT_RE.match(key)
     base = m.group("base") if m else key
     base = _QUANT_ALIASES.get(base, base)
-    keep_head = bool(m and m.group("head"))
+    head_suffix = (m.group("head") or "") if m else ""
+    keep_head = head_suffix == "+head"
+    head = {"+head8": "int8", "+head16": "bf16"}.get(head_suffix)
     group = int(m.group("group")) if m and m.group("group") else None
     if m and base in _DTYPE_ALIASES and _DTYPE_ALIASES[base][0] in ("float32", "float16", "bfloat16", "float64"):
         canon, size = _DTYPE_ALIASES[base]
@@ -881,12 +893,13 @@ def parse_quant(spec: str | QuantScheme | None) -> QuantScheme | None:
         if group is not None and default_group is None:
             overhead = 4.0  # grouped int8/fp8: one scale + zero per group
         size = group if group is not None else default_group
-        name = base + (f":g{size}" if size is not None else "") + ("+head" if keep_head else "")
-        return QuantScheme(name, bits, size, overhead, not keep_head, None, compute)
+        name = base + (f":g{size}" if size is not None else "") + head_suffix
+        return QuantScheme(name, bits, size, overhead, not keep_head, None, compute,
+                           parse_quant(head) if head else None)
     raise ValueError(
         f"unknown weight quantization {spec!r}; use none, fp32, bf16, fp16, int8, int8-dynamic, "
         "int8-weight-only, fp8, int4 (group 32; int4:g128 for another group), int2..int7, nf4, nf4-dq, fp4, "
-        "optionally with +head to keep the LM head unquantized"
+        "optionally with +head to keep the LM head unquantized (+head8 / +head16: an int8 / bf16 head)"
     )
 
 
@@ -917,7 +930,7 @@ def weight_bytes(config: ConfigLike, dtype: Any = "bfloat16", quant: str | Quant
 def _head_bytes(config: ConfigLike, other: dict[str, int], base: int, scheme: QuantScheme) -> int:
     a = _arch(config)
     if scheme.quantize_head:
-        return scheme.linear_bytes(a.hidden, a.vocab)
+        return scheme.head_bytes(a.hidden, a.vocab)
     return other["lm_head"] * base
 
 
@@ -943,7 +956,7 @@ def copy_weight_bytes(config: ConfigLike, dtype: Any, quant: str | QuantScheme |
         head = a.hidden * a.vocab * size if scheme.quantize_head else 0
         return blocks + head + _converted_small(other, dtype, scheme.dtype)
     blocks = sum(scheme.linear_bytes(l.in_features, l.out_features) * l.count for l in linears)
-    head = scheme.linear_bytes(a.hidden, a.vocab) if scheme.quantize_head else 0
+    head = scheme.head_bytes(a.hidden, a.vocab) if scheme.quantize_head else 0
     return blocks + head + _converted_small(other, dtype, scheme.compute_dtype)
 
 

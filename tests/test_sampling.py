@@ -1,6 +1,5 @@
 """Sampling: speculative output is distributed exactly as the verifier's processed distribution."""
 
-import itertools
 
 import pytest
 import torch

@@ -180,7 +180,7 @@ def test_quantized_self_copy_shares_the_embedding():
     assert sizing.copy_weight_bytes("smollm2-135m", "float32", "fp32") == 0
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int8+head", "bf16", "int4", "int4:g64"])
+@pytest.mark.parametrize("scheme", ["int8", "int8+head", "bf16", "int4", "int4:g64", "int4:g32+head8", "int4+head16", "int8-dynamic"])
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_copy_weight_bytes_equal_what_specdec_quant_allocates(scheme, tied):
     quant = pytest.importorskip("specdec.quant")

@@ -1,0 +1,360 @@
+"""What a quantized drafter costs and how often it agrees with its verifier.
+
+``quant_report`` measures, for each scheme, on one machine in one run:
+
+* ``bytes``: :func:`model_bytes` of the copy; ``added_bytes``: what it adds to the verifier
+  (shared tensors such as the input embedding are not counted twice);
+* ``ms_per_token``: one forward over 1 new token with ``ctx`` (~200) tokens cached;
+* ``ms_per_8_tokens``: one forward over 8 new tokens with the same cache;
+* ``agreement``: top-1 agreement with the fp32 verifier's greedy next token, over ``positions``
+  positions of the verifier's own greedy continuations of the prompts, measured the way a drafter
+  runs (prefill the prompt, then one token per forward with a KV cache);
+* ``tokens_per_pass`` (expected tokens per verifier pass for draft length ``k``,
+  ``(1 - a**(k+1)) / (1 - a)``), and ``est_speedup``/``best_k``: a cost model using the verifier's
+  own 1- and 8-token forward times measured in the same run.
+
+Timings are medians over ``repeats`` rounds, interleaved across schemes (and the verifier), so
+noise from other processes on the machine hits every scheme alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from . import model_bytes, quantize
+from .schemes import UnknownSchemeError, UnsupportedSchemeError
+
+DEFAULT_SCHEMES = "fp32,bf16,int8,int8-dynamic,int4,int4+head8"
+
+#: a few built-in prompts of different kinds (used when no --prompts file is given)
+BUILTIN_PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a hash table works and when you would use one instead of a sorted array.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "A train travels 120 km in 1.5 hours. What is its average speed? Explain step by step.",
+    "Summarize the main causes of the French Revolution in a few paragraphs.",
+    "Give me five tips for keeping houseplants healthy during winter.",
+    "Translate into French: 'The weather is nice today, let us go for a walk in the park.'",
+    "What are the differences between TCP and UDP? Give an example use for each.",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------------
+
+
+def load_model(path: str | None = None, *, device: str = "cpu"):
+    """``(model, tokenizer)`` in float32: ``path`` (a local directory or .gguf file), by default the embedded SmolLM2."""
+    from specdec.models import load_model as _load
+
+    return _load(path or "smollm2", device=device)
+
+
+def load_prompts(path: str | None = None, limit: int | None = None) -> list[str]:
+    """Prompts from a JSONL file (a ``prompt`` field, or Spec-Bench's ``turns`` list: the first
+    turn), taken round-robin over ``category`` when present; default: :data:`BUILTIN_PROMPTS`."""
+    if path is None:
+        prompts = list(BUILTIN_PROMPTS)
+        return prompts[:limit] if limit else prompts
+    by_cat: dict[str, list[str]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            text = row.get("prompt")
+            if text is None and row.get("turns"):
+                text = row["turns"][0]
+            if not text:
+                continue
+            by_cat.setdefault(str(row.get("category", "")), []).append(text)
+    # round-robin over categories so a few prompts still cover several kinds of text
+    out: list[str] = []
+    queues = [list(v) for v in by_cat.values()]
+    while any(queues) and (limit is None or len(out) < limit):
+        for q in queues:
+            if q and (limit is None or len(out) < limit):
+                out.append(q.pop(0))
+    if not out:
+        raise ValueError(f"no prompts found in {path} (expected a 'prompt' or 'turns' field per line)")
+    return out
+
+
+def _encode(tokenizer, prompt: str) -> torch.Tensor:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt",
+            return_dict=True,
+        )["input_ids"]
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    return ids
+
+
+# --------------------------------------------------------------------------------------------
+# measuring
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SchemeResult:
+    """One row of the report."""
+
+    scheme: str
+    backend: str
+    bytes: int
+    added_bytes: int
+    ms_per_token: float
+    ms_per_8_tokens: float
+    agreement: float
+    positions: int
+    quantize_s: float
+    tokens_per_pass: dict[int, float] = field(default_factory=dict)
+    best_k: int | None = None
+    est_speedup: float | None = None
+
+
+def tokens_per_pass(a: float, k: int) -> float:
+    """Expected tokens per verifier pass with draft length ``k`` and per-token agreement ``a``."""
+    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def estimate_speedup(a: float, draft_ms: float, verify_1: float, verify_8: float, k: int) -> float:
+    """Greedy speculative speedup over plain decoding under an i.i.d. agreement model.
+
+    One step drafts ``k`` tokens (``k`` drafter forwards) and verifies ``k+1`` positions in one
+    pass, whose cost is interpolated linearly between the measured 1- and 8-token forwards.
+    """
+    verify = verify_1 + (verify_8 - verify_1) * (k + 1 - 1) / 7.0
+    return tokens_per_pass(a, k) * verify_1 / (k * draft_ms + verify)
+
+
+@torch.inference_mode()
+def _greedy_references(model, tokenizer, prompts: Sequence[str], positions: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(prompt ids, greedy continuation ids) per prompt, ``positions`` continuation tokens in all."""
+    dev = next(model.parameters()).device
+    per_prompt = max(1, math.ceil(positions / len(prompts)))
+    refs, total = [], 0
+    for p in prompts:
+        if total >= positions:
+            break
+        ids = _encode(tokenizer, p).to(dev)
+        n = min(per_prompt, positions - total)
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        )
+        cont = out[:, ids.shape[1]:]
+        refs.append((ids, cont))
+        total += cont.shape[1]
+    return refs
+
+
+@torch.inference_mode()
+def measure_agreement(draft: nn.Module, refs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
+    """Top-1 agreement of ``draft`` with the reference continuations, run as a drafter runs:
+    prefill the prompt, then one token per forward on a KV cache (dynamic int8 schemes quantize
+    activations per call, so a whole-sequence forward would not measure the same thing)."""
+    from transformers import DynamicCache
+
+    hits = n = 0
+    for ids, cont in refs:
+        cache = DynamicCache(config=draft.config)
+        logits = draft(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
+        for i in range(cont.shape[1]):
+            hits += int(logits.argmax(-1).item() == cont[0, i].item())
+            n += 1
+            if i + 1 < cont.shape[1]:
+                logits = draft(input_ids=cont[:, i:i + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+    return (hits / n if n else float("nan")), n
+
+
+def _context(refs, ctx: int, dev) -> torch.Tensor:
+    seq = torch.cat([torch.cat([i, c], dim=1) for i, c in refs], dim=1)
+    while seq.shape[1] < ctx + 8:
+        seq = torch.cat([seq, seq], dim=1)
+    return seq[:, : ctx + 8].to(dev)
+
+
+@torch.inference_mode()
+def _time_rounds(models: dict[str, nn.Module], seq: torch.Tensor, ctx: int, repeats: int, warmup: int = 2) -> dict[str, tuple[float, float]]:
+    """Median ms of a 1-token and an 8-token forward after ``ctx`` cached tokens, interleaved."""
+    from transformers import DynamicCache
+
+    caches = {}
+    for name, m in models.items():
+        c = DynamicCache(config=m.config)
+        m(input_ids=seq[:, :ctx], past_key_values=c, use_cache=True)
+        caches[name] = c
+    one = seq[:, ctx:ctx + 1]
+    eight = seq[:, ctx:ctx + 8]
+    t1: dict[str, list[float]] = {k: [] for k in models}
+    t8: dict[str, list[float]] = {k: [] for k in models}
+    for r in range(warmup + repeats):
+        for name, m in models.items():
+            c = caches[name]
+            for ids, store in ((one, t1), (eight, t8)):
+                t0 = time.perf_counter()
+                m(input_ids=ids, past_key_values=c, use_cache=True)
+                dt = (time.perf_counter() - t0) * 1e3
+                c.crop(-ids.shape[1])
+                if r >= warmup:
+                    store[name].append(dt)
+    return {k: (statistics.median(t1[k]), statistics.median(t8[k])) for k in models}
+
+
+def quant_report(
+    model: nn.Module,
+    tokenizer,
+    schemes: Sequence[str],
+    prompts: Sequence[str],
+    *,
+    positions: int = 400,
+    ctx: int = 200,
+    repeats: int = 15,
+    device: str | torch.device | None = None,
+    max_k: int = 8,
+    log=None,
+) -> dict[str, Any]:
+    """Measure each scheme's size, speed and agreement against ``model`` (see module docstring).
+
+    Returns ``{"schemes": [row, ...], "skipped": [{"scheme", "error"}], "verifier": {...},
+    "positions": n, "ctx": ctx, "repeats": repeats, "torch": version, "threads": n}``.
+    A scheme that is unknown or unsupported on the device is reported under ``skipped``.
+    """
+    log = log or (lambda *_: None)
+    model.eval()
+    dev = next(model.parameters()).device if device is None else torch.device(device)
+    refs = _greedy_references(model, tokenizer, prompts, positions)
+    log(f"reference: {sum(c.shape[1] for _, c in refs)} greedy positions from {len(refs)} prompts")
+
+    drafts: dict[str, nn.Module] = {}
+    meta: dict[str, dict[str, Any]] = {}
+    skipped = []
+    for s in schemes:
+        try:
+            t0 = time.perf_counter()
+            q = quantize(model, s, device=dev)
+            qs = time.perf_counter() - t0
+        except (UnknownSchemeError, UnsupportedSchemeError) as e:
+            skipped.append({"scheme": s, "error": str(e)})
+            log(f"skip {s}: {e}")
+            continue
+        agreement, n = measure_agreement(q, refs)
+        info = q.specdec_quant
+        meta[s] = dict(
+            scheme=s, backend=info.backend, bytes=model_bytes(q), added_bytes=model_bytes(q, exclude=model),
+            agreement=agreement, positions=n, quantize_s=qs,
+        )
+        drafts[s] = q
+        log(f"{s}: backend {info.backend}, agreement {agreement:.3f} over {n}, quantized in {qs:.1f}s")
+
+    seq = _context(refs, ctx, dev)
+    timings = _time_rounds({"__verifier__": model, **drafts}, seq, ctx, repeats)
+    v1, v8 = timings["__verifier__"]
+    rows = []
+    for s, m in meta.items():
+        ms1, ms8 = timings[s]
+        a = m["agreement"]
+        tpp = {k: tokens_per_pass(a, k) for k in range(1, max_k + 1)}
+        speed = {k: estimate_speedup(a, ms1, v1, v8, k) for k in range(1, max_k + 1)}
+        best_k = max(speed, key=speed.get)
+        rows.append(SchemeResult(
+            ms_per_token=ms1, ms_per_8_tokens=ms8, tokens_per_pass=tpp, best_k=best_k,
+            est_speedup=speed[best_k], **m,
+        ))
+    return {
+        "schemes": [asdict(r) for r in rows],
+        "skipped": skipped,
+        "verifier": {"bytes": model_bytes(model), "ms_per_token": v1, "ms_per_8_tokens": v8},
+        "positions": sum(c.shape[1] for _, c in refs),
+        "ctx": ctx,
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """A Markdown table of a :func:`quant_report` result."""
+    lines = [
+        "| scheme | backend | bytes (MB) | added (MB) | ms/token | ms/8 tokens | agreement | tokens/pass k=4 | est. speedup (best k) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["schemes"]:
+        lines.append(
+            f"| {r['scheme']} | {r['backend']} | {r['bytes'] / 1e6:.1f} | {r['added_bytes'] / 1e6:.1f} | "
+            f"{r['ms_per_token']:.1f} | {r['ms_per_8_tokens']:.1f} | {r['agreement']:.3f} | "
+            f"{r['tokens_per_pass'][4]:.2f} | {r['est_speedup']:.2f} (k={r['best_k']}) |"
+        )
+    v = report["verifier"]
+    lines.append(
+        f"\nverifier (unquantized): {v['bytes'] / 1e6:.1f} MB, {v['ms_per_token']:.1f} ms/token, "
+        f"{v['ms_per_8_tokens']:.1f} ms/8 tokens; agreement over {report['positions']} positions, "
+        f"ctx {report['ctx']}, median of {report['repeats']} interleaved rounds, "
+        f"torch {report['torch']}, threads: {report['threads']}"
+    )
+    for s in report["skipped"]:
+        lines.append(f"skipped {s['scheme']}: {s['error']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI hooks (wired into specdec/cli.py as `specdec quant-report`)
+# --------------------------------------------------------------------------------------------
+
+
+def add_quant_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``quant-report`` options to ``parser``."""
+    parser.add_argument("--schemes", default=DEFAULT_SCHEMES,
+                        help=f"comma-separated schemes (default: {DEFAULT_SCHEMES})")
+    parser.add_argument("--model", default=None,
+                        help="local HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--prompts", default=None,
+                        help="JSONL file with a 'prompt' field or a Spec-Bench 'turns' list per line "
+                             "(default: a few built-in prompts)")
+    parser.add_argument("--num-prompts", type=int, default=8, help="prompts to use from --prompts (default 8)")
+    parser.add_argument("--positions", type=int, default=400,
+                        help="greedy positions over which agreement is measured (default 400)")
+    parser.add_argument("--ctx", type=int, default=200, help="cached tokens for the timings (default 200)")
+    parser.add_argument("--repeats", type=int, default=15, help="timing rounds; medians are reported (default 15)")
+    parser.add_argument("--device", default="cpu", help="device (default cpu)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    return parser
+
+
+def run_quant_report(args: argparse.Namespace) -> int:
+    """Run the report described by parsed ``args``; print a table (and JSON with ``--json``)."""
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout stays parseable)
+    model, tok = load_model(args.model, device=args.device)
+    prompts = load_prompts(args.prompts, limit=getattr(args, "num_prompts", None))
+    report = quant_report(
+        model, tok, schemes, prompts, positions=args.positions, ctx=getattr(args, "ctx", 200),
+        repeats=getattr(args, "repeats", 15), log=log,
+    )
+    print(format_table(report))
+    if args.json:
+        print(json.dumps(report))
+    return 0 if report["schemes"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m specdec.quant.report``: the same as ``specdec quant-report``."""
+    p = add_quant_report_arguments(argparse.ArgumentParser(prog="specdec quant-report", description=__doc__))
+    return run_quant_report(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
