@@ -66,19 +66,21 @@ class _Rows:
 
     def add(self, r: int, tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> int:
         """Commit ``tokens [m]`` to row ``r`` left to right; return how many were taken."""
+        taken = tokens.shape[0]
         for j in range(tokens.shape[0]):
             self.rows[r] = torch.cat([self.rows[r], tokens[j : j + 1]])
             if self.scores is not None:
                 self.scores[r].append(scores[j])
             if self.logits is not None:
                 self.logits[r].append(logits[j])
-            if self.streamer is not None:
-                self.streamer.put(tokens[j : j + 1].cpu())
             if self.stopped_at[r] is None and bool(self.setup.stopping(self.rows[r].unsqueeze(0), None)[0]):
                 self.stopped_at[r] = len(self.rows[r])
                 if self.setup.has_eos_criteria:
-                    return j + 1
-        return tokens.shape[0]
+                    taken = j + 1
+                    break
+        if self.streamer is not None:  # one put per accepted block, as transformers' assisted generation does
+            self.streamer.put(tokens[:taken].cpu())
+        return taken
 
     def retire(self) -> list[int]:
         """Drop finished rows from ``active``; return the positions (in the old active list) that stay."""
