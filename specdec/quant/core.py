@@ -38,9 +38,9 @@ def _resolve_device(model: nn.Module, device: str | torch.device | None) -> torc
 
 def _unavailable(parsed: ParsedScheme, dtype_name: str) -> str | None:
     """Why ``parsed`` cannot run on device type ``dtype_name`` (None when it can)."""
+    if dtype_name == "cuda" and not torch.cuda.is_available():
+        return "CUDA is not available"  # before any package check: no CUDA scheme can run then
     if parsed.base in _DTYPE_SCHEMES:
-        if dtype_name == "cuda" and not torch.cuda.is_available():
-            return "CUDA is not available"
         return None
     entry = BACKENDS.get((parsed.base, dtype_name))
     if entry is None:
