@@ -158,6 +158,8 @@ def speculative_generate(
 
     slots = cache_slots(setup, k_max)
     logits = verifier.prefill(setup.input_ids, setup.attention_mask, slots).float()
+    if hasattr(drafter, "share_prompt"):  # drafters derived from the verifier may adopt its prompt cache
+        drafter.share_prompt(verifier)
     drafter.start(setup.input_ids, setup.attention_mask, slots)
     ctx = DraftContext(setup.processors, setup.do_sample, generator, vocab_size=logits.shape[-1])
     scores = setup.processors(setup.input_ids, logits)

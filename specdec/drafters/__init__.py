@@ -26,6 +26,15 @@ __all__ = [
 ]
 
 
+def _derived_from(draft: torch.nn.Module, verifier: torch.nn.Module) -> bool:
+    """Whether ``draft`` is built from ``verifier`` (a specdec.quant copy shares its embedding table)."""
+    try:
+        mine, theirs = draft.get_input_embeddings().weight, verifier.get_input_embeddings().weight
+    except AttributeError:
+        return False
+    return draft is verifier or mine.data_ptr() == theirs.data_ptr()
+
+
 def resolve_drafter(
     draft: Any,
     verifier: torch.nn.Module,
@@ -54,7 +63,7 @@ def resolve_drafter(
     if isinstance(draft, str) and draft.startswith("self:"):
         from specdec.quant import quantize
 
-        return ModelDrafter(quantize(verifier, draft.split(":", 1)[1]))
+        return ModelDrafter(quantize(verifier, draft.split(":", 1)[1]), reuse_verifier_prompt=True)
     if isinstance(draft, str):
         from specdec.models import load_model
 
@@ -63,7 +72,7 @@ def resolve_drafter(
         return ModelDrafter(model)
     if isinstance(draft, torch.nn.Module):
         check_vocab_compat(verifier, draft, verifier_tokenizer, draft_tokenizer)
-        return ModelDrafter(draft)
+        return ModelDrafter(draft, reuse_verifier_prompt=_derived_from(draft, verifier))
     if isinstance(draft, Drafter):
         return draft
     raise TypeError(

@@ -34,6 +34,10 @@ class CompositeDrafter:
         """The model behind the model drafter (for memory planning)."""
         return getattr(self.model_drafter, "model", None)
 
+    def share_prompt(self, verifier) -> None:
+        if hasattr(self.model_drafter, "share_prompt"):
+            self.model_drafter.share_prompt(verifier)
+
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
         self.lookup.start(input_ids, attention_mask, max_len)
         self.model_drafter.start(input_ids, attention_mask, max_len)

@@ -51,5 +51,7 @@ class LayerSkipDrafter(ModelDrafter):
     """Drafts with the first ``num_layers`` layers of the verifier (optionally early-stopping on low confidence)."""
 
     def __init__(self, verifier: torch.nn.Module, num_layers: int, confidence_threshold: float | None = None) -> None:
-        super().__init__(truncated_model(verifier, num_layers), confidence_threshold=confidence_threshold)
+        # the first N layers' keys/values of the prompt *are* the verifier's: reuse them exactly
+        super().__init__(truncated_model(verifier, num_layers), confidence_threshold=confidence_threshold,
+                         reuse_verifier_prompt=True)
         self.num_layers = num_layers

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.base import DraftContext, Proposal
-from specdec.verifiers.hf import CausalLMRunner
+from specdec.verifiers.hf import CausalLMRunner, shares_kv_layout
 
 # Vocabulary sizes may differ by embedding padding (rounded up to a multiple of 64/128...);
 # a larger gap means a different tokenizer.
@@ -77,8 +77,12 @@ class ModelDrafter:
     and feeds the rest (the verifier's correction or bonus token) at the start of the next proposal.
     """
 
-    def __init__(self, model: PreTrainedModel, confidence_threshold: float | None = None) -> None:
-        """``confidence_threshold``: stop drafting early once the drafter's top probability drops below it."""
+    def __init__(
+        self, model: PreTrainedModel, confidence_threshold: float | None = None, reuse_verifier_prompt: bool = False
+    ) -> None:
+        """``confidence_threshold``: stop drafting early once the drafter's top probability drops below it.
+        ``reuse_verifier_prompt``: for drafters derived from the verifier (same key/value layout), start
+        from the verifier's cached prompt instead of a prefill of its own (see :meth:`share_prompt`)."""
         if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.confidence_threshold = confidence_threshold
@@ -87,12 +91,24 @@ class ModelDrafter:
         self._cached: list[torch.Tensor] = []
         self._pads: list[int] = []
         self.forwards = 0
+        self.reuse_verifier_prompt = reuse_verifier_prompt
+        self._prompt_source: CausalLMRunner | None = None
+
+    def share_prompt(self, verifier: CausalLMRunner) -> None:
+        """Called by :class:`specdec.SpeculativeModel`: the runner whose cached prompt :meth:`start` may adopt."""
+        if self.reuse_verifier_prompt and shares_kv_layout(verifier.model.config, self.model.config):
+            self._prompt_source = verifier
 
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
-        self.runner.prefill(input_ids, attention_mask, max_len)
+        source = self._prompt_source
+        if source is not None and source.cache is not None and source.cache.length == input_ids.shape[1]:
+            self.runner.adopt_prompt(source, max_len)
+            self.forwards = 0
+        else:
+            self.runner.prefill(input_ids, attention_mask, max_len)
+            self.forwards = 1
         self._pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
         self._cached = list(input_ids)  # per row: the tokens (left padding included) whose keys are cached
-        self.forwards = 1
 
     def _scores(self, logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
         logits = logits.float()

@@ -51,6 +51,8 @@ class ManagedLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        elif key_states.dtype != self.keys.dtype:  # adopted from a model computing in another dtype
+            self.keys, self.values = self.keys.to(key_states.dtype), self.values.to(value_states.dtype)
         start, end = self.length, self.length + key_states.shape[-2]
         if end > self.max_cache_len:
             raise CacheOverflowError(
@@ -83,6 +85,14 @@ class ManagedLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.length = 0
+
+    def adopt(self, other: "ManagedLayer") -> None:
+        """Start from a copy of ``other``'s filled slots (same head count and size)."""
+        n = other.length
+        self.lazy_initialization(other.keys[:, :, :0], other.values[:, :, :0])
+        self.keys[:, :, :n].copy_(other.keys[:, :, :n])
+        self.values[:, :, :n].copy_(other.values[:, :, :n])
+        self.length = n
 
     def gather_slots(self, order: torch.Tensor) -> None:
         """Move slots ``order[b, i]`` of each row ``b`` to slot ``i`` (compaction); the pointer becomes ``order.shape[1]``."""

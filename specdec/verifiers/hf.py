@@ -49,6 +49,21 @@ def check_supported(model: torch.nn.Module, role: str = "verifier") -> None:
         raise UnsupportedModelError(f"the {role} ({config.model_type}) does not use a transformers KV cache")
 
 
+def _kv_layout(config) -> tuple:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(text, "num_attention_heads", None)
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
+    return text.model_type, kv, head_dim, getattr(text, "rope_theta", None)
+
+
+def shares_kv_layout(verifier_config, drafter_config) -> bool:
+    """Whether a drafter's layers can read the verifier's keys/values (same kind, heads and sizes, no more layers)."""
+    v = verifier_config.get_text_config() if hasattr(verifier_config, "get_text_config") else verifier_config
+    d = drafter_config.get_text_config() if hasattr(drafter_config, "get_text_config") else drafter_config
+    return _kv_layout(v) == _kv_layout(d) and d.num_hidden_layers <= v.num_hidden_layers
+
+
 class CausalLMRunner:
     """Holds a model, its managed cache and the valid-slot map of the current batch."""
 
@@ -83,6 +98,25 @@ class CausalLMRunner:
         mask = None if attention_mask is None else attention_mask.bool()
         extra = {"logits_to_keep": 1} if self._keep_logits else {}
         return self.forward(input_ids, mask, **extra)[:, -1]
+
+    def adopt_prompt(self, source: "CausalLMRunner", max_len: int) -> None:
+        """Start from ``source``'s cached prompt instead of running a prefill.
+
+        For drafters derived from the verifier (quantized copies, its first layers): the verifier's
+        keys and values of the prompt stand in for the drafter's own. Drafts may differ slightly;
+        output cannot, since the verifier decides. Saves the drafter's prefill, which for a quantized
+        copy can cost more than the verifier's own.
+        """
+        if not shares_kv_layout(source.model.config, self.model.config):
+            raise ValueError(f"the {self.role}'s key/value layout differs from the verifier's: cannot adopt its cache")
+        self.cache = ManagedCache(self.num_layers, max_len)
+        with torch.inference_mode():  # the buffers are inference tensors, like those a forward allocates
+            for mine, theirs in zip(self.cache.layers, source.cache.layers):
+                mine.adopt(theirs)
+        width = source.cache.length
+        self.valid = torch.zeros(source.valid.shape[0], max_len, dtype=torch.bool, device=source.valid.device)
+        self.valid[:, :width] = source.valid[:, :width]
+        self.counts = source.counts.clone()
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, **extra) -> torch.Tensor:
