@@ -144,12 +144,12 @@ def resolve_draft(spec: str, model: Any, tokenizer: Any = None) -> ResolvedDraft
         assistant = built if hf_ok and isinstance(built, torch.nn.Module) else None
         return ResolvedDraft(spec, built, assistant)
     if spec.startswith("self:"):
-        from specdec.drafters import ModelDrafter
         from specdec.quant import quantize
 
+        # one module for both sides: specdec recognises it as derived from the verifier (it shares the
+        # embedding table) and lets it adopt the verifier's cached prompt, as for draft="self:SCHEME"
         copy = quantize(model, spec.split(":", 1)[1])
-        # wrapped as specdec's own "self:SCHEME" resolution does: a copy of the verifier needs no vocabulary check
-        return ResolvedDraft(spec, ModelDrafter(copy), copy)
+        return ResolvedDraft(spec, copy, copy)
     if _is_local_model(spec):
         from specdec.models import load_model
 
