@@ -19,7 +19,7 @@ _DPI = 110
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")  # keeps legends placed outside the axes
     return path
 
 
@@ -41,7 +41,8 @@ def plot_speedup_per_group(summary: Mapping[str, Any], path: Path) -> Path | Non
     ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
     ax.set_ylabel("speedup over hf (tokens/s ratio)")
     ax.set_title("speedup per task group")
-    ax.legend(fontsize="small")
+    # outside the axes: with many methods an inside legend covers the bars
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
