@@ -23,6 +23,8 @@ def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None
                    help="drafter: self:SCHEME (e.g. self:int8), prompt-lookup, composite[:SCHEME], layer-skip:N, "
                         "or a local model path")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")
+    p.add_argument("--compile-drafter", action="store_true",
+                   help="run the drafter through torch.compile (faster steps; the first calls compile for about a minute)")
     p.add_argument("--max-new-tokens", type=int, default=default_new_tokens)
     p.add_argument("--num-draft-tokens", "-k", type=int, default=None, help="tokens drafted per verifier pass")
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts raw instead of as a chat turn")
@@ -41,7 +43,11 @@ def _load(args: argparse.Namespace):
     model, tokenizer = load_model(args.model)
     k = args.num_draft_tokens or specdec.DEFAULT_NUM_DRAFT_TOKENS
     _log(f"building drafter {args.draft} (k={k}) ...")
-    spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer, adaptive=args.adaptive)
+    spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer, adaptive=args.adaptive,
+                                    compile_drafter=args.compile_drafter)
+    if args.compile_drafter:
+        _log("compiling the drafter (about a minute; cached on disk for later runs) ...")
+        spec.drafter.prime()
     spec.draft_name = args.draft
     return model, tokenizer, spec
 

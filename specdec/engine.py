@@ -186,7 +186,7 @@ def speculative_generate(
             added = [out.add(r, tokens[b, : n + 1], scores[b], logits[b]) for b, (r, n) in enumerate(zip(out.active, accepted.tolist()))]
             verifier.keep(fed + torch.tensor(added))  # the newest committed token of each row stays unfed
             policy.update(drafts.shape[1], int(accepted.min()), t1 - t0, t2 - t1)
-            stats.record_step(drafts.shape[1], accepted.tolist(), added)
+            stats.record_step(drafts.shape[1], accepted.tolist(), added, out.active)
             _retire(out, verifier, drafter)
             if not out.done:
                 drafter.commit([out.rows[r] for r in out.active])

@@ -7,10 +7,63 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
+class RowStats:
+    """What one row of a batch did: the same counts as :class:`SpecStats`, for that row alone."""
+
+    proposed: int = 0
+    accepted: int = 0
+    verifier_passes: int = 0  # passes this row took part in (it leaves the batch when it finishes)
+    committed: int = 0  # tokens committed by those passes (accepted drafts + the verifier's own)
+    accepted_lengths: list[int] = field(default_factory=list)  # accepted drafts per pass
+    proposed_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per verifier pass this row took part in."""
+        return self.committed / self.verifier_passes if self.verifier_passes else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
+
+    def record(self, proposed: int, accepted: int, committed: int) -> None:
+        self.verifier_passes += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        self.committed += committed
+        self.accepted_lengths.append(accepted)
+        _count_positions(self.proposed_per_position, self.accepted_per_position, proposed, [accepted])
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
+                    acceptance_by_position=self.acceptance_by_position)
+        return data
+
+
+def _count_positions(proposed_at: list[int], accepted_at: list[int], proposed: int, accepted: list[int]) -> None:
+    """Add one pass (``proposed`` drafts for each row, ``accepted[b]`` accepted by row b) to per-position counts."""
+    while len(proposed_at) < proposed:
+        proposed_at.append(0)
+        accepted_at.append(0)
+    for i in range(proposed):
+        proposed_at[i] += len(accepted)
+    for n in accepted:
+        for i in range(n):
+            accepted_at[i] += 1
+
+
+@dataclass
 class SpecStats:
     """What one speculative ``generate`` call did.
 
-    Counts are summed over rows. ``accepted_per_position[i]`` counts draft tokens accepted at draft
+    Counts are batch totals, summed over rows; ``rows[b]`` has row ``b``'s own counts (rows in the
+    order of the input batch). ``accepted_per_position[i]`` counts draft tokens accepted at draft
     position ``i`` (0-based) out of ``proposed_per_position[i]`` proposed there.
     """
 
@@ -26,6 +79,11 @@ class SpecStats:
     accepted_per_position: list[int] = field(default_factory=list)
     time_to_first_token: float = 0.0
     total_time: float = 0.0
+    rows: list[RowStats] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            self.rows = [RowStats() for _ in range(self.batch_size)]
 
     @property
     def acceptance_rate(self) -> float:
@@ -53,25 +111,28 @@ class SpecStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_time if self.total_time else 0.0
 
-    def record_step(self, proposed: int, accepted_per_row: list[int], committed_per_row: list[int]) -> None:
-        """Account one verification pass: ``proposed`` drafts for each row, what each row accepted and committed."""
+    def record_step(self, proposed: int, accepted_per_row: list[int], committed_per_row: list[int],
+                    row_ids: list[int] | None = None) -> None:
+        """Account one verification pass: ``proposed`` drafts for each row, what each row accepted and committed.
+
+        ``row_ids`` are the rows' indices in the input batch (default: 0, 1, ...).
+        """
+        row_ids = list(range(len(accepted_per_row))) if row_ids is None else row_ids
         self.verifier_forwards += 1
         self.proposed += proposed * len(accepted_per_row)
         self.accepted += sum(accepted_per_row)
         self.committed_per_step.extend(committed_per_row)
-        while len(self.proposed_per_position) < proposed:
-            self.proposed_per_position.append(0)
-            self.accepted_per_position.append(0)
-        for i in range(proposed):
-            self.proposed_per_position[i] += len(accepted_per_row)
-        for n in accepted_per_row:
-            for i in range(n):
-                self.accepted_per_position[i] += 1
+        _count_positions(self.proposed_per_position, self.accepted_per_position, proposed, accepted_per_row)
+        while len(self.rows) <= max(row_ids, default=-1):
+            self.rows.append(RowStats())
+        for r, a, c in zip(row_ids, accepted_per_row, committed_per_row):
+            self.rows[r].record(proposed, a, c)
 
     def to_dict(self) -> dict:
         """Plain-JSON view including the derived rates."""
         data = asdict(self)
         data.pop("committed_per_step")
+        data["rows"] = [row.to_dict() for row in self.rows]
         data.update(
             acceptance_rate=self.acceptance_rate,
             mean_accepted_length=self.mean_accepted_length,
@@ -89,6 +150,9 @@ class SpecStats:
             ("acceptance rate", f"{self.acceptance_rate:.3f} ({self.accepted}/{self.proposed})"),
             ("mean accepted length", f"{self.mean_accepted_length:.2f} tokens / verifier pass"),
             ("acceptance by position", by_pos or "-"),
+            *([("per row: accepted length", ", ".join(f"{r.mean_accepted_length:.2f}" for r in self.rows)),
+               ("per row: acceptance", ", ".join(f"{r.acceptance_rate:.2f}" for r in self.rows))]
+              if len(self.rows) > 1 else []),
             ("verifier passes", str(self.verifier_forwards)),
             ("drafter forwards", str(self.drafter_forwards)),
             ("time to first token", f"{self.time_to_first_token * 1000:.1f} ms"),

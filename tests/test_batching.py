@@ -136,3 +136,31 @@ def test_batch_streaming_and_scores_refused():
         spec.generate(ids, attention_mask=mask, max_new_tokens=4, streamer=object())
     with pytest.raises(NotImplementedError, match="batch size 1"):
         spec.generate(ids, attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True, output_scores=True)
+
+
+def test_per_row_statistics_add_up_to_the_batch_totals():
+    model = make_model("llama")
+    prompts = _prompts([3, 17, 8], seed=5)
+    ids, mask = _left_pad(prompts)
+    eos = int(model.generate(prompts[0].unsqueeze(0), max_new_tokens=4, do_sample=False, eos_token_id=None)[0, -1])
+    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=3)
+    out = spec.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    stats = spec.last_stats
+    rows = stats.rows
+    assert len(rows) == 3
+    assert sum(r.proposed for r in rows) == stats.proposed
+    assert sum(r.accepted for r in rows) == stats.accepted
+    assert sum(r.committed for r in rows) == sum(stats.committed_per_step)
+    for i in range(len(stats.proposed_per_position)):
+        assert sum(r.proposed_per_position[i] for r in rows if i < len(r.proposed_per_position)) == stats.proposed_per_position[i]
+        assert sum(r.accepted_per_position[i] for r in rows if i < len(r.accepted_per_position)) == stats.accepted_per_position[i]
+    # each row's committed tokens are its new tokens minus the prefill's first one (up to its EOS)
+    for r, row in enumerate(rows):
+        new = out[r, ids.shape[1]:].tolist()
+        n = new.index(eos) + 1 if eos in new else len(new)
+        assert row.committed == n - 1, f"row {r}"
+        assert row.accepted == sum(row.accepted_lengths)
+        assert len(row.accepted_lengths) == row.verifier_passes
+    # row 0 stopped after 4 tokens: it took part in fewer passes than the longest row
+    assert rows[0].verifier_passes < max(r.verifier_passes for r in rows)
+    assert stats.to_dict()["rows"][1]["mean_accepted_length"] == pytest.approx(rows[1].mean_accepted_length)

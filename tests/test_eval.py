@@ -319,8 +319,79 @@ def test_sampling_and_plain_string_prompts(tiny, tmp_path):
     spec = summary["methods"][1]
     assert spec["identical"] is None and spec["acceptance_rate"] is not None  # identity is a greedy notion
     assert summary["groups"] == ["prompts"] and not (tmp_path / "speedup_per_group.png").exists()
-    with pytest.raises(NotImplementedError, match="batch"):
-        run_eval(model, tok, ["x"], ["hf"], out_dir=tmp_path, batch_size=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        run_eval(model, tok, ["x"], ["hf"], out_dir=tmp_path, batch_size=0)
+
+
+def test_hf_heuristic_schedule_baseline_runs_with_its_own_assistant_settings(tiny, tmp_path):
+    from specdec.eval.runner import HEURISTIC_ASSISTANT, build_runners
+
+    model, tok = tiny
+    methods = plan_methods(["hf", "hf-assisted", "hf-assisted-heuristic"], [DRAFT], [2])
+    names = [m.name for m in methods]
+    assert names[:3] == ["hf", f"hf-assisted[{DRAFT}]", f"hf-assisted-heuristic[{DRAFT}]"]
+    assert MethodSpec.parse(names[2]) == methods[2]
+    runners = build_runners(methods, model, tok)
+    heuristic = runners[names[2]]
+    config = heuristic.extra["assistant_model"].generation_config
+    before = (config.num_assistant_tokens_schedule, config.num_assistant_tokens)
+    seen = {}
+    original = model.generate
+
+    def spy(*args, **kwargs):
+        seen["schedule"] = kwargs["assistant_model"].generation_config.num_assistant_tokens_schedule
+        return original(*args, **kwargs)
+
+    model.generate = spy
+    try:
+        [result] = heuristic(torch.tensor([[5, 6, 7]]), {"max_new_tokens": 8, "do_sample": False}, None)
+    finally:
+        del model.generate
+    assert seen["schedule"] == HEURISTIC_ASSISTANT["num_assistant_tokens_schedule"]
+    assert (config.num_assistant_tokens_schedule, config.num_assistant_tokens) == before  # restored for hf-assisted
+    assert result.verifier_passes and result.proposed_per_position
+    report = run_eval(model, tok, ["Tell me a story."], methods, out_dir=tmp_path, max_new_tokens=TOKENS,
+                      progress=False, plots=False)
+    assert report.method(names[2])["identical"] == 1
+
+
+def test_batched_eval_reports_batch_throughput_and_per_row_results(tiny, tmp_path):
+    model, tok = tiny
+    prompts = ["Hi.", "Tell me a long story about a dragon.", "Why?", "Count from one to ten, please.", "Ok"]
+    with pytest.warns(UserWarning, match="one row only"):
+        report = run_eval(model, tok, prompts, out_dir=tmp_path, draft=[DRAFT, "prompt-lookup"], num_draft_tokens=3,
+                          baselines=["hf", "hf-assisted", "hf-prompt-lookup"], max_new_tokens=TOKENS, batch_size=2,
+                          progress=False, plots=False)
+    summary = report.to_dict()
+    assert [m["name"] for m in summary["methods"]] == ["hf", f"specdec[{DRAFT},k=3]", "specdec[prompt-lookup,k=3]"]
+    assert summary["batch_size"] == 2 and summary["config"]["batch_size"] == 2
+    for m in summary["methods"]:  # the contract: batched throughput and its ratio to hf on the same batches
+        assert m["batch_size"] == 2 and m["tokens_per_s"] > 0 and m["speedup"] > 0
+        if m["kind"] == "specdec":
+            assert m["identical"] == len(prompts) and 0 <= m["acceptance_rate"] <= 1
+    records = load_records(tmp_path)
+    assert len(records) == 3 * len(prompts)
+    by_batch: dict = {}
+    for r in records:
+        by_batch.setdefault((r["method"], r.get("batch_index")), []).append(r)
+    for (method, index), rows in by_batch.items():
+        if index is None:  # the last prompt ran alone
+            assert len(rows) == 1 and rows[0]["prompt_index"] == 4
+            continue
+        assert len(rows) == 2 and all(r["batch_size"] == 2 for r in rows)
+        assert sum(r["seconds"] for r in rows) == pytest.approx(rows[0]["batch_seconds"])
+        assert sum(r["new_tokens"] for r in rows) == rows[0]["batch_new_tokens"]
+        if method.startswith("specdec"):  # per-row draft statistics, not the batch's
+            assert all(r["verifier_passes"] is not None and r["proposed"] is not None for r in rows)
+    # a row of a batch is what the model generates for that prompt alone
+    alone = run_eval(model, tok, prompts, ["hf"], out_dir=tmp_path / "alone", max_new_tokens=TOKENS,
+                     progress=False, plots=False)
+    single = {r["prompt_id"]: r["output_ids"] for r in load_records(tmp_path / "alone")}
+    assert alone.to_dict()["batch_size"] == 1
+    assert all(r["output_ids"] == single[r["prompt_id"]] for r in records)
+    # a directory of batch-2 results is not resumed at another batch size
+    with pytest.raises(ValueError, match="batch_size"):
+        run_eval(model, tok, prompts, ["hf"], out_dir=tmp_path, max_new_tokens=TOKENS, batch_size=3, progress=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,8 +432,9 @@ def test_cli_defaults_and_errors(tmp_path):
     assert args.per_group is None and args.num_draft_tokens == [2, 4] and args.baselines == ["hf", "hf-prompt-lookup"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--baselines", "hf,hf-magic"])
-    with pytest.raises(SystemExit, match="batch"):
-        run_eval_cli(parser.parse_args(["--batch-size", "2"]))
+    assert parser.parse_args(["--batch-size", "4"]).batch_size == 4
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--batch-size", "0"])
     with pytest.raises(SystemExit, match="no such file"):
         run_eval_cli(parser.parse_args(["--dataset", str(tmp_path / "nope.jsonl")]))
 

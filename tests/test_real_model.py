@@ -61,3 +61,23 @@ def test_sampling_runs_and_is_reproducible(smollm2, spec):
     a = spec.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs)
     b = spec.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs)
     assert torch.equal(a, b)
+
+
+def test_ragged_batch_rows_equal_single_row_generate(smollm2, spec):
+    """Prompts of very different lengths, left padded into one batch: each row is what the model gives it alone."""
+    model, tokenizer = smollm2
+    prompts = [encode_prompt(tokenizer, item["prompt"])[0] for item in BUILTIN_PROMPTS[:4]]
+    assert max(map(len, prompts)) > 2 * min(map(len, prompts))
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), tokenizer.eos_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):], mask[r, width - len(p):] = p, 1
+    kwargs = dict(max_new_tokens=32, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    got = spec.generate(ids, attention_mask=mask, **kwargs)
+    for r, p in enumerate(prompts):
+        alone = model.generate(p.unsqueeze(0), **kwargs)[0, len(p):]
+        row = got[r, width: width + len(alone)]
+        assert torch.equal(row, alone), f"row {r}"
+        assert (got[r, width + len(alone):] == tokenizer.eos_token_id).all()  # padded after its EOS, as generate does
+    assert len(spec.last_stats.rows) == len(prompts)

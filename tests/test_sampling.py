@@ -154,3 +154,24 @@ def test_single_row_sampling_exercises_multi_token_acceptance():
     assert _chi2(counts, exact, n) > ALPHA
     # after the prefill token two drafts fit: rejection at 0, at 1, and the bonus after both all happen
     assert set(committed) == {1, 2, 3}
+
+
+def test_each_row_of_a_ragged_batch_follows_its_own_distribution():
+    """Different prompts, left padded into one batch, each row sampled by its own law (padding never leaks)."""
+    verifier = _tiny_vocab_model(2)
+    draft = perturbed_copy(verifier, 0.4)
+    prompts = [torch.tensor([[5]]), torch.tensor([[1, 6, 2, 7]])]
+    rows, steps = 1200, 3
+    ids = torch.zeros(2 * rows, 4, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    ids[:rows, 3:], mask[:rows, 3:] = prompts[0], 1
+    ids[rows:], mask[rows:] = prompts[1], 1
+    spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=2)
+    sampling = dict(temperature=0.8, top_k=4)
+    out = spec.generate(ids, attention_mask=mask, max_new_tokens=steps, do_sample=True,
+                        generator=torch.Generator().manual_seed(3), pad_token_id=0, **sampling)
+    for half, prompt in enumerate(prompts):
+        counts = {}
+        for r in out[half * rows : (half + 1) * rows, 4:].tolist():
+            counts[tuple(r)] = counts.get(tuple(r), 0) + 1
+        assert _chi2(counts, _exact_joint(verifier, prompt, steps, **sampling), rows) > ALPHA, f"prompt {half}"

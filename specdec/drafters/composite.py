@@ -34,6 +34,15 @@ class CompositeDrafter:
         """The model behind the model drafter (for memory planning)."""
         return getattr(self.model_drafter, "model", None)
 
+    def compile(self) -> None:
+        """Compile the model drafter's forwards (the lookup has none)."""
+        if hasattr(self.model_drafter, "compile"):
+            self.model_drafter.compile()
+
+    def prime(self) -> None:
+        if hasattr(self.model_drafter, "prime"):
+            self.model_drafter.prime()
+
     def share_prompt(self, verifier) -> None:
         if hasattr(self.model_drafter, "share_prompt"):
             self.model_drafter.share_prompt(verifier)

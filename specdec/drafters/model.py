@@ -94,6 +94,14 @@ class ModelDrafter:
         self.reuse_verifier_prompt = reuse_verifier_prompt
         self._prompt_source: CausalLMRunner | None = None
 
+    def compile(self) -> None:
+        """Run the drafter's forwards through ``torch.compile`` (see :meth:`CausalLMRunner.compile`)."""
+        self.runner.compile()
+
+    def prime(self) -> None:
+        """Compile now rather than in the first calls (see :meth:`CausalLMRunner.prime`)."""
+        self.runner.prime()
+
     def share_prompt(self, verifier: CausalLMRunner) -> None:
         """Called by :class:`specdec.SpeculativeModel`: the runner whose cached prompt :meth:`start` may adopt."""
         if self.reuse_verifier_prompt and shares_kv_layout(verifier.model.config, self.model.config):
@@ -149,7 +157,7 @@ class ModelDrafter:
             if self.confidence_threshold and bool((p.max(dim=-1).values < self.confidence_threshold).all()):
                 break
             if i < k - 1:
-                logits = self.runner.forward(token.unsqueeze(-1))[:, -1]
+                logits = self.runner.forward(token.unsqueeze(-1), **extra)[:, -1]
                 self.forwards += 1
                 fed += 1
         self._cached = [row[: len(base) + fed] for row, base in zip(ids, rows)]

@@ -76,6 +76,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                           "skipped for drafters that are not causal LMs)")
     gen.add_argument("--adaptive", action="store_true",
                      help="also run each specdec method with adaptive draft length (up to its k)")
+    gen.add_argument("--compile-drafter", action="store_true",
+                     help="run specdec's model drafters through torch.compile (compiled during the warm-up; "
+                          "HF baselines and the verifier are not compiled)")
     gen.add_argument("--num-draft-tokens", "-k", nargs="+", type=_positive, default=[4], metavar="K",
                      help="draft lengths to evaluate specdec at (default: 4)")
     gen.add_argument("--baselines", type=_baselines, default=list(DEFAULT_BASELINES),
@@ -89,7 +92,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
     gen.add_argument("--no-chat-template", action="store_true", help="feed prompts raw instead of as a chat turn")
-    gen.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (only 1 for now)")
+    gen.add_argument("--batch-size", type=_positive, default=1,
+                     help="prompts per generate call, left padded into one batch (default: 1); with more, "
+                          "summary.json reports batched throughput, and hf-assisted/hf-prompt-lookup (one row "
+                          "only in transformers) are skipped")
 
     run = parser.add_argument_group("output")
     run.add_argument("--out", default=DEFAULT_OUT,
@@ -124,9 +130,6 @@ def _select(prompts: list, per_group: Any) -> tuple[list, int | None]:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``specdec eval`` for parsed ``args``; returns the exit status."""
-    if args.batch_size != 1:
-        raise SystemExit(f"error: --batch-size {args.batch_size}: batched evaluation is not implemented yet; "
-                         "use --batch-size 1")
     if args.do_sample is False and (args.temperature is not None or args.top_p is not None):
         _log("note: --temperature/--top-p only apply with --do-sample; decoding greedily")
 
@@ -167,7 +170,8 @@ def run_eval(args: argparse.Namespace) -> int:
             model, tokenizer, prompts, out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens,
             baselines=args.baselines, adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
             temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=not args.no_chat_template,
-            prompt_lookup_num_tokens=args.prompt_lookup_tokens, warmup=not args.no_warmup,
+            prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size, compile_drafter=args.compile_drafter,
+            warmup=not args.no_warmup,
             progress=not args.no_progress, plots=not args.no_plots, overwrite=args.overwrite,
             model_name=args.model, dataset=str(dataset),
             config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,

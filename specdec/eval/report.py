@@ -2,12 +2,16 @@
 
 ``summary.json`` (the contract other tools rely on)::
 
-    {"methods": [{"name": "specdec[self:int8,k=4]", "kind": "specdec", "draft": "self:int8", "k": 4,
+    {"methods": [{"name": "specdec[self:int8,k=4]", "kind": "specdec", "draft": "self:int8", "k": 4, "batch_size": 1,
                   "prompts": 6, "tokens_per_s": 21.3, "speedup": 1.41,          # vs hf, same run
                   "speedup_vs": {"hf": 1.41, "hf-assisted[self:int8]": 1.12},
                   "acceptance_rate": 0.71, "mean_accepted_length": 3.2, "identical": 6, ...,
                   "groups": {"mt_bench": {...same figures...}, "translation": {...}}}, ...],
-     "groups": ["mt_bench", ...], "baselines": ["hf", ...], "config": {...}}
+     "groups": ["mt_bench", ...], "baselines": ["hf", ...], "batch_size": 1, "config": {...}}
+
+With ``batch_size`` B > 1 (``specdec eval --batch-size B``) each method ran on left-padded batches
+of B prompts: ``tokens_per_s`` is the batched throughput (all new tokens over the batches' wall
+time) and ``speedup`` its ratio to HF ``generate`` on the same batches.
 
 Every figure pools the prompts that every method of the run completed. Throughput is total new
 tokens over total seconds; speedups are ratios of throughputs measured in the same run. Acceptance
@@ -92,6 +96,7 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
     baselines = [m.name for m in methods if not m.kind == "specdec"]
     greedy = not config.get("do_sample", False)
     reference = {p.id: by_key[(p.id, "hf")]["output_ids"] for p in complete}
+    batch_size = int(config.get("batch_size") or 1)  # tokens_per_s and speedups are then batched throughput
 
     def rows(name: str, group: str | None = None) -> list[Mapping[str, Any]]:
         return [by_key[(p.id, name)] for p in complete if group is None or p.group == group]
@@ -99,7 +104,7 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
     entries = []
     for m in methods:
         bases = {b: rows(b) for b in baselines if b != m.name or b == "hf"}
-        entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k,
+        entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k, "batch_size": batch_size,
                  **_figures(rows(m.name), bases, m.speculative, greedy, reference)}
         entry["groups"] = {
             g: _figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference)
@@ -111,6 +116,7 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
         "groups": groups,
         "baselines": baselines,
         "prompts": len(complete),
+        "batch_size": batch_size,
         "incomplete_prompts": len(wanted) - len(complete),
         "config": {**dict(config), "methods": names},
     }
@@ -171,6 +177,9 @@ def _describe(summary: Mapping[str, Any]) -> str:
              f"{summary['prompts']} prompts" + (f" from `{c['dataset']}`" if c.get("dataset") else "")]
     if c.get("per_group"):
         parts[-1] += f" ({c['per_group']} per group)"
+    if c.get("batch_size", 1) > 1:
+        parts.append(f"batches of {c['batch_size']} prompts (throughput = all new tokens of a batch over its wall "
+                     "time; identity against `hf` on the same batch)")
     if c.get("num_processes", 1) > 1:
         parts.append(f"{c['num_processes']} processes")
     return ", ".join(parts) + "."

@@ -4,6 +4,8 @@ Methods (:class:`MethodSpec`):
 
 - ``hf``: plain ``model.generate``, the reference for speedups and output identity;
 - ``hf-assisted[D]``: ``model.generate(assistant_model=<D's model>)`` with transformers' defaults;
+- ``hf-assisted-heuristic[D]``: the same with transformers' ``num_assistant_tokens_schedule="heuristic"``
+  (its adaptive draft length);
 - ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
 - ``specdec[D,k=K]``: :class:`specdec.SpeculativeModel` with drafter ``D`` drafting ``K`` tokens per pass.
 
@@ -33,7 +35,12 @@ from specdec.eval.datasets import DEFAULT_GROUP, Prompt, rows_to_prompts
 from specdec.eval.side_by_side import encode_prompt
 
 HF, HF_ASSISTED, HF_PROMPT_LOOKUP, SPECDEC = "hf", "hf-assisted", "hf-prompt-lookup", "specdec"
-BASELINE_KINDS = (HF, HF_ASSISTED, HF_PROMPT_LOOKUP)
+HF_ASSISTED_HEURISTIC = "hf-assisted-heuristic"
+BASELINE_KINDS = (HF, HF_ASSISTED, HF_ASSISTED_HEURISTIC, HF_PROMPT_LOOKUP)
+ASSISTED_KINDS = (HF_ASSISTED, HF_ASSISTED_HEURISTIC)
+#: the assistant generation settings of ``hf-assisted-heuristic``: transformers' own heuristic schedule
+#: (k + 2 after a fully accepted draft, k - 1 otherwise) from its former default start of 5 tokens
+HEURISTIC_ASSISTANT = {"num_assistant_tokens_schedule": "heuristic", "num_assistant_tokens": 5}
 DEFAULT_BASELINES = (HF, HF_ASSISTED)
 DEFAULT_DRAFT = "self:int8"
 DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # the value transformers' docs use
@@ -42,7 +49,8 @@ CONFIG_FILE = "eval_config.json"
 RECORDS_FILE = "records.jsonl"
 #: settings that change what a recorded (prompt, method) pair means: a resume must match them
 RESUME_KEYS = ("model", "dataset", "max_new_tokens", "do_sample", "temperature", "top_p", "seed", "chat_template",
-               "prompt_lookup_num_tokens")
+               "prompt_lookup_num_tokens", "batch_size")
+_RESUME_DEFAULTS = {"batch_size": 1}  # runs recorded before a key existed
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,7 +70,7 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.kind not in (*BASELINE_KINDS, SPECDEC):
             raise ValueError(f"unknown method {self.kind!r}; choose from {', '.join((*BASELINE_KINDS, SPECDEC))}")
-        if self.kind in (HF_ASSISTED, SPECDEC) and not self.draft:
+        if self.kind in (*ASSISTED_KINDS, SPECDEC) and not self.draft:
             raise ValueError(f"method {self.kind} needs a drafter")
         if self.kind == SPECDEC and (not isinstance(self.k, int) or self.k < 1):
             raise ValueError(f"specdec needs a draft length k >= 1, got {self.k!r}")
@@ -72,8 +80,8 @@ class MethodSpec:
         """Stable name used in records and ``summary.json``: ``hf``, ``hf-assisted[self:int8]``, ``specdec[self:int8,k=4]``."""
         if self.kind == SPECDEC:
             return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}]"
-        if self.kind == HF_ASSISTED:
-            return f"{HF_ASSISTED}[{self.draft}]"
+        if self.kind in ASSISTED_KINDS:
+            return f"{self.kind}[{self.draft}]"
         return self.kind
 
     @property
@@ -84,7 +92,7 @@ class MethodSpec:
     @classmethod
     def parse(cls, name: str) -> "MethodSpec":
         """Inverse of :attr:`name`."""
-        m = re.fullmatch(r"(hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?\]", name.strip())
+        m = re.fullmatch(r"(hf-assisted-heuristic|hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?\]", name.strip())
         if m:
             return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)))
         return cls(name.strip())
@@ -175,12 +183,12 @@ def plan_methods(
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINE_KINDS)}")
     methods = [MethodSpec(HF)]
-    if HF_ASSISTED in baselines:
+    for kind in (k for k in ASSISTED_KINDS if k in baselines):
         for d in drafts:
             if has_hf_assistant(d):
-                methods.append(MethodSpec(HF_ASSISTED, d))
+                methods.append(MethodSpec(kind, d))
             else:
-                warnings.warn(f"hf-assisted needs a causal LM as assistant; drafter {d!r} is not one, skipped",
+                warnings.warn(f"{kind} needs a causal LM as assistant; drafter {d!r} is not one, skipped",
                               stacklevel=2)
     if HF_PROMPT_LOOKUP in baselines:
         methods.append(MethodSpec(HF_PROMPT_LOOKUP))
@@ -282,38 +290,83 @@ def _decode_stats(seconds: float, ttft: float, new_tokens: int) -> float:
     return (seconds - ttft) / (new_tokens - 1) if new_tokens > 1 else 0.0
 
 
+def _row_outputs(out: torch.Tensor, width: int, eos: set[int]) -> list[list[int]]:
+    """Each row's new tokens, up to and including its first EOS (what follows is padding)."""
+    rows = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+def _split(outputs: list[list[int]], seconds: float, ttft: float) -> list[Measurement]:
+    """One measurement per row of a batch; the batch's wall time is apportioned to rows by their tokens,
+    so that summed seconds (and so throughput) are the batch's own."""
+    total = sum(len(o) for o in outputs)
+    tpot = _decode_stats(seconds, ttft, max((len(o) for o in outputs), default=0))
+    share = [(len(o) / total if total else 1 / len(outputs)) for o in outputs]
+    return [Measurement(o, seconds * f, ttft, tpot) for o, f in zip(outputs, share)]
+
+
+def _eos_ids(model: Any, gen_kwargs: Mapping[str, Any]) -> set[int]:
+    eos = gen_kwargs.get("eos_token_id", getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    return set() if eos is None else {int(e) for e in ([eos] if isinstance(eos, int) else eos)}
+
+
 class _Runner:
-    """Runs one method on one prompt."""
+    """Runs one method on one prompt, or on a left-padded batch of prompts."""
 
-    def __init__(self, method: MethodSpec, model: Any, extra: Mapping[str, Any] | None = None, spec: Any = None):
+    def __init__(self, method: MethodSpec, model: Any, extra: Mapping[str, Any] | None = None, spec: Any = None,
+                 assistant_settings: Mapping[str, Any] | None = None):
         self.method, self.model, self.extra, self.spec = method, model, dict(extra or {}), spec
+        self.assistant_settings = dict(assistant_settings or {})
 
-    def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> Measurement:
-        mask = torch.ones_like(ids)
+    def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
+                 mask: torch.Tensor | None = None) -> list[Measurement]:
+        """One :class:`Measurement` per row of ``ids``."""
+        mask = torch.ones_like(ids) if mask is None else mask
         if self.method.kind == SPECDEC:
             return self._specdec(ids, mask, gen_kwargs, seed)
         return self._hf(ids, mask, gen_kwargs, seed)
 
-    def _hf(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> Measurement:
+    def _hf(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
         timer = _StepTimer()
         counter = _count_candidates(self.model) if self.method.speculative else contextlib.nullcontext(None)
         if seed is not None:
             torch.manual_seed(seed)
-        with counter as proposals:
+        with counter as proposals, self._assistant_config():
             start = time.perf_counter()
             out = self.model.generate(ids, attention_mask=mask, streamer=timer, **gen_kwargs, **self.extra)
             _sync(ids.device)
             seconds = time.perf_counter() - start
-        new = out[0, ids.shape[1]:].tolist()
         ttft = (timer.times[0] - start) if timer.times else seconds
-        result = Measurement(new, seconds, ttft, _decode_stats(seconds, ttft, len(new)))
-        if self.method.speculative:
+        results = _split(_row_outputs(out, ids.shape[1], _eos_ids(self.model, gen_kwargs)), seconds, ttft)
+        if self.method.speculative:  # transformers speculates for one row only
+            result = results[0]
             result.committed_tokens, result.verifier_passes = sum(timer.sizes), len(timer.sizes)
             if proposals is not None and len(proposals) == len(timer.sizes):
                 result.proposed_per_position, result.accepted_per_position = _positions(proposals, timer.sizes)
-        return result
+        return results
 
-    def _specdec(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> Measurement:
+    @contextlib.contextmanager
+    def _assistant_config(self) -> Iterator[None]:
+        """transformers reads the draft schedule from the assistant's own generation config (and the
+        heuristic schedule writes its state back there): set it for this call only, so methods sharing
+        the assistant module do not leak settings into each other."""
+        config = getattr(self.extra.get("assistant_model"), "generation_config", None)
+        if not self.assistant_settings or config is None:
+            yield
+            return
+        saved = {k: getattr(config, k, None) for k in self.assistant_settings}
+        for k, v in self.assistant_settings.items():
+            setattr(config, k, v)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                setattr(config, k, v)
+
+    def _specdec(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
         generator = torch.Generator(device=ids.device).manual_seed(seed) if seed is not None else None
         start = time.perf_counter()
         out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=self.method.k, generator=generator,
@@ -321,18 +374,23 @@ class _Runner:
         _sync(ids.device)
         seconds = time.perf_counter() - start
         stats = self.spec.last_stats
-        new = out[0, ids.shape[1]:].tolist()
-        return Measurement(
-            new, seconds, stats.time_to_first_token, stats.time_per_output_token,
-            list(stats.proposed_per_position), list(stats.accepted_per_position),
-            committed_tokens=sum(stats.committed_per_step), verifier_passes=len(stats.committed_per_step),
-        )
+        results = _split(_row_outputs(out, ids.shape[1], _eos_ids(self.model, gen_kwargs)), seconds,
+                         stats.time_to_first_token)
+        for result, row in zip(results, stats.rows):
+            result.proposed_per_position = list(row.proposed_per_position)
+            result.accepted_per_position = list(row.accepted_per_position)
+            result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
+        return results
 
 
 def build_runners(
-    methods: Sequence[MethodSpec], model: Any, tokenizer: Any, prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS
+    methods: Sequence[MethodSpec], model: Any, tokenizer: Any, prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS,
+    compile_drafter: bool = False,
 ) -> dict[str, _Runner]:
-    """One runner per method; each drafter is built once and shared by its specdec and HF-assisted methods."""
+    """One runner per method; each drafter is built once and shared by its specdec and HF-assisted methods.
+
+    ``compile_drafter`` compiles specdec's model drafters (not the module HF assisted generation uses).
+    """
     import specdec
 
     drafts: dict[str, ResolvedDraft] = {}
@@ -345,11 +403,12 @@ def build_runners(
             runners[m.name] = _Runner(m, model)
         elif m.kind == HF_PROMPT_LOOKUP:
             runners[m.name] = _Runner(m, model, {"prompt_lookup_num_tokens": prompt_lookup_num_tokens})
-        elif m.kind == HF_ASSISTED:
+        elif m.kind in ASSISTED_KINDS:
             assistant = drafts[m.draft].assistant
             if assistant is None:
                 raise ValueError(f"drafter {m.draft!r} is not a causal LM: HF assisted generation cannot use it")
-            runners[m.name] = _Runner(m, model, {"assistant_model": assistant})
+            settings = HEURISTIC_ASSISTANT if m.kind == HF_ASSISTED_HEURISTIC else None
+            runners[m.name] = _Runner(m, model, {"assistant_model": assistant}, assistant_settings=settings)
         else:
             key = (m.draft, m.k if m.adaptive else None)  # an adaptive policy learns per method
             if key not in specs:
@@ -358,6 +417,8 @@ def build_runners(
                     model, d.draft, num_draft_tokens=m.k, tokenizer=tokenizer, draft_tokenizer=d.draft_tokenizer,
                     adaptive=m.adaptive,
                 )
+                if compile_drafter and hasattr(specs[key].drafter, "compile"):
+                    specs[key].drafter.compile()
             runners[m.name] = _Runner(m, model, spec=specs[key])
     return runners
 
@@ -410,7 +471,7 @@ def _check_config(out_dir: Path, config: Mapping[str, Any]) -> None:
     if not path.is_file():
         return
     old = json.loads(path.read_text())
-    differ = [k for k in RESUME_KEYS if old.get(k) != config.get(k)]
+    differ = [k for k in RESUME_KEYS if old.get(k, _RESUME_DEFAULTS.get(k)) != config.get(k)]
     if differ:
         detail = ", ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in differ)
         raise ResumeError(f"{out_dir} holds results of another configuration ({detail}); "
@@ -454,6 +515,15 @@ def _state(model: Any) -> Any:
     from accelerate import PartialState
 
     return PartialState(cpu=getattr(model, "device", torch.device("cpu")).type == "cpu")
+
+
+def _batchable(methods: Sequence[MethodSpec]) -> list[MethodSpec]:
+    """Drop the methods transformers runs for batches of one only (assisted generation, prompt lookup)."""
+    single = [m.name for m in methods if m.kind in (*ASSISTED_KINDS, HF_PROMPT_LOOKUP)]
+    if single:
+        warnings.warn(f"batch_size > 1: transformers' assisted generation and prompt lookup support one row only; "
+                      f"skipping {', '.join(single)}", stacklevel=3)
+    return [m for m in methods if m.name not in single]
 
 
 def _rotate(methods: Sequence[MethodSpec], i: int) -> list[MethodSpec]:
@@ -503,7 +573,7 @@ class _Progress:
 
     @staticmethod
     def _label(m: MethodSpec, multi: bool) -> str:
-        base = {HF_ASSISTED: "assisted", HF_PROMPT_LOOKUP: "lookup"}.get(m.kind, f"k{m.k}")
+        base = {HF_ASSISTED: "assisted", HF_ASSISTED_HEURISTIC: "heuristic", HF_PROMPT_LOOKUP: "lookup"}.get(m.kind, f"k{m.k}")
         return f"{m.draft} {base}" if multi and m.draft else base
 
     def add(self, records: Iterable[Mapping[str, Any]], measured: int) -> None:
@@ -532,6 +602,7 @@ class EvalSettings:
     seed: int = 0
     chat: bool = True
     prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS
+    compile_drafter: bool = False
 
     def generate_kwargs(self, tokenizer: Any) -> dict[str, Any]:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -560,6 +631,7 @@ def run_eval(
     chat: bool = True,
     prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS,
     batch_size: int = 1,
+    compile_drafter: bool = False,
     warmup: bool = True,
     progress: bool = True,
     plots: bool = True,
@@ -584,7 +656,12 @@ def run_eval(
         max_new_tokens, do_sample, temperature, top_p, seed: generation settings for every method
             (greedy by default; each prompt gets seed ``seed + index`` when sampling).
         chat: feed prompts through the tokenizer's chat template.
-        batch_size: only 1 for now.
+        batch_size: prompts per ``generate`` call, left padded into one batch (consecutive prompts).
+            With more than one, throughput is the batch's (all new tokens over its wall time; each
+            record gets a token-proportional share of its batch's seconds), identity is against HF
+            ``generate`` on the same batch, and the HF speculative baselines (single-row only in
+            transformers) are left out with a warning.
+        compile_drafter: run specdec's model drafters through ``torch.compile`` (compiled in the warm-up).
         warmup: one short untimed generation per method before the first timed one.
         progress: tqdm bar on stderr; plots: write PNG plots.
         overwrite: discard the results already in ``out_dir`` instead of resuming.
@@ -597,8 +674,8 @@ def run_eval(
     """
     from specdec.eval.report import EvalReport, build_summary, write_outputs
 
-    if batch_size != 1:
-        raise NotImplementedError(f"batch_size={batch_size}: batched evaluation is not implemented yet (use 1)")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     prompts = _as_prompts(prompts)
@@ -609,7 +686,10 @@ def run_eval(
     else:
         methods = [m if isinstance(m, MethodSpec) else MethodSpec.parse(m) for m in methods]
         methods = list(dict.fromkeys([MethodSpec(HF), *methods]))
-    settings = EvalSettings(max_new_tokens, do_sample, temperature, top_p, seed, chat, prompt_lookup_num_tokens)
+    if batch_size > 1:
+        methods = _batchable(methods)
+    settings = EvalSettings(max_new_tokens, do_sample, temperature, top_p, seed, chat, prompt_lookup_num_tokens,
+                            compile_drafter)
     run_config = {
         "model": model_name or getattr(model, "name_or_path", None) or type(model).__name__,
         "dataset": dataset,
@@ -617,6 +697,8 @@ def run_eval(
         "temperature": temperature if do_sample else None, "top_p": top_p if do_sample else None,
         "seed": seed if do_sample else None, "chat_template": bool(chat and getattr(tokenizer, "chat_template", None)),
         "prompt_lookup_num_tokens": prompt_lookup_num_tokens if any(m.kind == HF_PROMPT_LOOKUP for m in methods) else None,
+        "batch_size": batch_size,
+        "compile_drafter": compile_drafter,
     }
 
     out = Path(out_dir)
@@ -634,8 +716,10 @@ def run_eval(
     done = {(r["prompt_id"], r["method"]): r for r in load_records(out)}
     with state.split_between_processes(list(enumerate(prompts))) as mine:
         mine = list(mine)
-    todo = [(i, p, [m for m in _rotate(methods, i) if (p.id, m.name) not in done]) for i, p in mine]
-    todo = [t for t in todo if t[2]]
+    batches = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+    todo = [(batch, [m for m in _rotate(methods, batch[0][0] // batch_size) if any((p.id, m.name) not in done for _, p in batch)])
+            for batch in batches]
+    todo = [t for t in todo if t[1]]
 
     if todo:
         _evaluate(model, tokenizer, todo, methods, done, settings, out, state, warmup, progress)
@@ -653,38 +737,69 @@ def run_eval(
     return report
 
 
+def _encode_batch(tokenizer: Any, prompts: Sequence[Prompt], chat: bool, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts' ids, left padded into one batch (as ``model.generate`` expects), and their attention mask."""
+    rows = [encode_prompt(tokenizer, p.text, chat)[0] for p in prompts]
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row):], mask[b, width - len(row):] = row, 1
+    return ids.to(device), mask.to(device)
+
+
 def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSpec], done: Mapping, settings: EvalSettings,
               out: Path, state: Any, warmup: bool, progress: bool) -> None:
-    """Run the pending (prompt, method) pairs of this process, writing each prompt's records as it finishes."""
-    needed = [m for m in methods if any(m in t[2] for t in todo)]
-    runners = build_runners(needed, model, tokenizer, settings.prompt_lookup_num_tokens)
+    """Run the pending (prompt, method) pairs of this process, writing each batch's records as it finishes.
+
+    ``todo`` holds batches: ``(prompts [(index, Prompt)], pending methods)``; a batch of one is the
+    usual per-prompt run. Every method gets the same left-padded batch.
+    """
+    needed = [m for m in methods if any(m in t[1] for t in todo)]
+    runners = build_runners(needed, model, tokenizer, settings.prompt_lookup_num_tokens, settings.compile_drafter)
     gen_kwargs = settings.generate_kwargs(tokenizer)
     device = getattr(model, "device", torch.device("cpu"))
 
     if warmup:  # the first calls pay for allocations, kernel selection, lazy imports: keep them out of the timings
-        ids = encode_prompt(tokenizer, todo[0][1].text, settings.chat).to(device)
+        ids, mask = _encode_batch(tokenizer, [p for _, p in todo[0][0]], settings.chat, device)
+        if settings.compile_drafter:  # every input shape class compiled now, not inside a timed call
+            for spec in {id(r.spec): r.spec for r in runners.values() if r.spec is not None}.values():
+                if hasattr(spec.drafter, "prime"):
+                    spec.drafter.prime()
         for m in needed:
             runners[m.name](ids, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, settings.max_new_tokens)},
-                            settings.seed if settings.do_sample else None)
+                            settings.seed if settings.do_sample else None, mask)
 
-    bar = _Progress(sum(len(t[2]) for t in todo), methods, progress, state.process_index, state.num_processes)
-    bar.add([r for i, p, _ in todo for r in (done.get((p.id, m.name)) for m in methods) if r], 0)
+    pairs = sum(1 for batch, pending in todo for _, p in batch for m in pending if (p.id, m.name) not in done)
+    bar = _Progress(pairs, methods, progress, state.process_index, state.num_processes)
+    bar.add([r for batch, _ in todo for _, p in batch for r in (done.get((p.id, m.name)) for m in methods) if r], 0)
     path = shard_path(out, state.process_index, state.num_processes)
     _end_partial_line(path)
     try:
         with path.open("a") as sink:
-            for index, prompt, pending in todo:
-                ids = encode_prompt(tokenizer, prompt.text, settings.chat).to(device)
-                seed = settings.seed + index if settings.do_sample else None
-                measured = {m.name: (slot, runners[m.name](ids, gen_kwargs, seed)) for slot, m in enumerate(pending)}
-                ref = measured[HF][1].output_ids if HF in measured else (done.get((prompt.id, HF)) or {}).get("output_ids")
+            for number, (batch, pending) in enumerate(todo):
+                prompts = [p for _, p in batch]
+                ids, mask = _encode_batch(tokenizer, prompts, settings.chat, device)
+                seed = settings.seed + batch[0][0] if settings.do_sample else None
+                measured = {m.name: (slot, runners[m.name](ids, gen_kwargs, seed, mask)) for slot, m in enumerate(pending)}
                 records = []
-                for m in pending:
-                    slot, result = measured[m.name]
-                    text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
-                    records.append(_record(prompt, index, m, slot, result, int(ids.shape[1]), ref,
-                                           not settings.do_sample, text, state.process_index))
-                # one write per prompt: a run cut short loses at most the prompt in flight
+                for b, (index, prompt) in enumerate(batch):
+                    ref = measured[HF][1][b].output_ids if HF in measured else (done.get((prompt.id, HF)) or {}).get("output_ids")
+                    for m in pending:
+                        if (prompt.id, m.name) in done:
+                            continue
+                        slot, results = measured[m.name]
+                        result = results[b]
+                        text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
+                        rec = _record(prompt, index, m, slot, result, int(mask[b].sum()), ref,
+                                      not settings.do_sample, text, state.process_index)
+                        if len(batch) > 1:
+                            rec.update(batch_size=len(batch), batch_index=batch[0][0],
+                                       batch_seconds=sum(r.seconds for r in results),
+                                       batch_new_tokens=sum(len(r.output_ids) for r in results))
+                        records.append(rec)
+                # one write per batch: a run cut short loses at most the batch in flight
                 sink.write("".join(json.dumps(r) + "\n" for r in records))
                 sink.flush()
                 bar.add(records, len(records))

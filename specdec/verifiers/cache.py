@@ -86,10 +86,11 @@ class ManagedLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.length = 0
 
-    def adopt(self, other: "ManagedLayer") -> None:
-        """Start from a copy of ``other``'s filled slots (same head count and size)."""
+    def adopt(self, other: "ManagedLayer", dtype: torch.dtype | None = None) -> None:
+        """Start from a copy of ``other``'s filled slots (same head count and size), in ``dtype`` if given."""
         n = other.length
-        self.lazy_initialization(other.keys[:, :, :0], other.values[:, :, :0])
+        self.lazy_initialization(other.keys[:, :, :0].to(dtype or other.keys.dtype),
+                                 other.values[:, :, :0].to(dtype or other.values.dtype))
         self.keys[:, :, :n].copy_(other.keys[:, :, :n])
         self.values[:, :, :n].copy_(other.values[:, :, :n])
         self.length = n

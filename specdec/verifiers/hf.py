@@ -7,16 +7,41 @@ cache, and a boolean slot map says which slots of each row hold real tokens. Lef
 rejected drafts of a row that accepted fewer tokens than another, and the filler of a ragged
 input block are all just invalid slots: the 2-D attention mask hides them, and each row's
 position ids count only its valid slots. Rolling a row back marks its tail invalid; the pointer
-only moves back to the longest row. We keep this over per-row pointers with gathers because it
-needs no copies and no custom attention: transformers' own padding mask does the work.
+only moves back to the longest row. Per-row pointers (scatter writes, no holes) measured 3-8% faster
+per batched verify pass (benchmarks/cache_layouts.py: the holes lengthen the attention span until a
+compaction), but they need a hand-built 4-D mask that bypasses transformers' own (sdpa/eager only,
+sliding windows by hand); here transformers' padding mask does the work, for every attention backend.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from transformers import PreTrainedModel
 
 from specdec.verifiers.cache import CacheOverflowError, ManagedCache
+
+
+def _compile_errors() -> tuple[type[BaseException], ...]:
+    """What a failed ``torch.compile`` raises (no compiler, unsupported op), as opposed to a model error."""
+    errors: list[type[BaseException]] = []
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+
+        errors.append(TorchDynamoException)
+    except ImportError:
+        pass
+    try:
+        from torch._inductor.exc import InductorError
+
+        errors.append(InductorError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+_COMPILE_ERRORS = _compile_errors()
 
 
 class UnsupportedModelError(TypeError):
@@ -74,9 +99,54 @@ class CausalLMRunner:
         self.cache: ManagedCache | None = None
         self.valid: torch.Tensor | None = None  # [batch, max_len] bool: slot holds a real token of that row
         self.counts: torch.Tensor | None = None  # [batch] real tokens per row (= next position id)
+        self._compiled: torch.nn.Module | None = None
+        self._kv_dtype: torch.dtype | None = None  # dtype of the keys/values this model writes (seen once)
+        self._single_row = False  # this call started with one row
         self._keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
         config = model.config
         self._sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
+
+    def compile(self) -> None:
+        """Run forwards through ``torch.compile`` (inductor, dynamic shapes).
+
+        Worth it for drafters: on a CPU most of a small model's decode step is per-op overhead
+        (norms, rotary, attention glue, Python) that inductor fuses away. Not for the verifier,
+        whose output must match ``model.generate`` bit for bit. The first forwards compile (tens of
+        seconds; cached on disk by inductor for later processes); if compilation fails, forwards
+        fall back to eager with a warning.
+        """
+        self._compiled = torch.compile(self.model, dynamic=True)
+
+    def prime(self) -> None:
+        """Compile now, with dummy forwards of both input shape classes a compiled step meets (one
+        token, and several), so that no later call pays the compilation."""
+        if self._compiled is None:
+            return
+        extra = {"logits_to_keep": 1} if self._keep_logits else {}  # as the drafter calls it
+        # Twice, with other prompt and cache sizes: dynamo specialises on the first state it sees
+        # and generalises (dynamic shapes) on the second; later calls reuse the graphs.
+        for prompt, slots in ((3, 8), (5, 13)):
+            tokens = torch.ones(1, prompt, dtype=torch.long, device=self.model.device)
+            self.prefill(tokens, None, slots)  # eager: learns the dtype of our keys/values
+            for n in (1, 2):  # fresh (contiguous) tensors, like the drafter's: dynamo guards on strides
+                self.forward(torch.ones(1, n, dtype=torch.long, device=self.model.device), **extra)
+            self.release()
+
+    def _run(self, **inputs) -> torch.Tensor:
+        # Compiled: decode steps of single-row calls only (one or a few tokens over an initialised
+        # cache). Prefills and batches run eagerly: each would be more graphs to compile (dynamo
+        # guards on batch size, mask kind and cache state) for little gain.
+        if self._compiled is not None and self._single_row and self._kv_dtype is not None and self.cache.layers[0].is_initialized:
+            try:
+                return self._compiled(**inputs).logits
+            except _COMPILE_ERRORS as err:
+                warnings.warn(f"torch.compile failed for the {self.role} ({type(err).__name__}: {err}); running it eagerly",
+                              stacklevel=3)
+                self._compiled = None
+        logits = self.model(**inputs).logits
+        if self._kv_dtype is None and self.cache.layers and self.cache.layers[0].is_initialized:
+            self._kv_dtype = self.cache.layers[0].keys.dtype
+        return logits
 
     @property
     def num_layers(self) -> int:
@@ -92,6 +162,7 @@ class CausalLMRunner:
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_len: int) -> torch.Tensor:
         """Allocate a cache for ``max_len`` slots, run the (left-padded) prompt, return last logits ``[batch, vocab]``."""
         batch = input_ids.shape[0]
+        self._single_row = batch == 1
         self.cache = ManagedCache(self.num_layers, max_len)
         self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=input_ids.device)
         self.counts = torch.zeros(batch, dtype=torch.long, device=input_ids.device)
@@ -110,9 +181,10 @@ class CausalLMRunner:
         if not shares_kv_layout(source.model.config, self.model.config):
             raise ValueError(f"the {self.role}'s key/value layout differs from the verifier's: cannot adopt its cache")
         self.cache = ManagedCache(self.num_layers, max_len)
+        self._single_row = source.valid.shape[0] == 1
         with torch.inference_mode():  # the buffers are inference tensors, like those a forward allocates
             for mine, theirs in zip(self.cache.layers, source.cache.layers):
-                mine.adopt(theirs)
+                mine.adopt(theirs, self._kv_dtype)  # our own dtype once known: no conversion mid-forward
         width = source.cache.length
         self.valid = torch.zeros(source.valid.shape[0], max_len, dtype=torch.bool, device=source.valid.device)
         self.valid[:, :width] = source.valid[:, :width]
@@ -140,7 +212,7 @@ class CausalLMRunner:
         self.counts = self.counts + valid.sum(dim=1)
         seen = self.valid[:, : start + n]
         mask = None if bool(seen.all()) else seen.long()
-        out = self.model(
+        return self._run(
             input_ids=tokens,
             attention_mask=mask,
             position_ids=positions,
@@ -148,7 +220,6 @@ class CausalLMRunner:
             use_cache=True,
             **extra,
         )
-        return out.logits
 
     def keep(self, counts: torch.Tensor | list[int]) -> None:
         """Keep the first ``counts[r]`` real tokens of each row; later slots become holes, the pointer moves back."""
@@ -191,8 +262,9 @@ class CausalLMRunner:
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute)."""
-        for layer in self.cache.layers:
-            layer.batch_select_indices(rows)
+        with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
+            for layer in self.cache.layers:
+                layer.batch_select_indices(rows)
         self.valid, self.counts = self.valid[rows], self.counts[rows]
         self._trim()
 

@@ -1,0 +1,55 @@
+"""compile_drafter: the drafter runs through torch.compile; output stays the verifier's."""
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters import ModelDrafter
+from tiny_models import make_model, perturbed_copy
+
+
+def test_compiled_drafter_keeps_output_exact_and_compiles_only_when_primed():
+    from torch._dynamo.utils import counters
+
+    model = make_model("llama")
+    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=3, compile_drafter=True)
+    runner = spec.drafter.runner
+    spec.drafter.prime()
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 2  # one-token and several-token steps
+    kwargs = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for ids in (torch.tensor([[5, 9, 14, 3, 7]]), torch.tensor([[8, 1, 4, 4, 6, 2, 9, 11]])):
+        assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
+        assert spec.last_stats.accepted > 0
+    batch = torch.tensor([[0, 0, 5, 9, 14], [1, 2, 3, 4, 5]])  # batches run the drafter eagerly
+    assert torch.equal(spec.generate(batch, attention_mask=(batch != 0).long(), **kwargs),
+                       model.generate(batch, attention_mask=(batch != 0).long(), **kwargs))
+    assert runner._compiled is not None  # it really ran compiled (no fallback) ...
+    assert counters["stats"]["unique_graphs"] == graphs  # ... and nothing was compiled after priming
+
+
+def test_failed_compilation_falls_back_to_eager(monkeypatch):
+    from torch._dynamo.exc import TorchDynamoException
+
+    def broken(module, **kwargs):
+        def call(**inputs):
+            raise TorchDynamoException("no compiler here")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    model = make_model("llama")
+    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=3, compile_drafter=True)
+    ids = torch.tensor([[5, 9, 14]])
+    with pytest.warns(UserWarning, match="torch.compile failed for the drafter"):
+        out = spec.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    assert torch.equal(out, model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None))
+    assert spec.drafter.runner._compiled is None
+
+
+def test_compile_needs_a_model_drafter():
+    model = make_model("llama")
+    with pytest.raises(ValueError, match="no model to compile"):
+        specdec.SpeculativeModel(model, "prompt-lookup", compile_drafter=True)
+    composite = specdec.SpeculativeModel(model, specdec.drafters.CompositeDrafter(ModelDrafter(perturbed_copy(model, 0.1))),
+                                         compile_drafter=True)
+    assert composite.drafter.model_drafter.runner._compiled is not None
