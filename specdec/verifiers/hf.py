@@ -7,7 +7,7 @@ cache, and a boolean slot map says which slots of each row hold real tokens. Lef
 rejected drafts of a row that accepted fewer tokens than another, and the filler of a ragged
 input block are all just invalid slots: the 2-D attention mask hides them, and each row's
 position ids count only its valid slots. Rolling a row back marks its tail invalid; the pointer
-only moves back to the longest row. Per-row pointers (scatter writes, no holes) measured 3-8% faster
+only moves back to the longest row. Per-row pointers (scatter writes, no holes) measured 3-7% faster
 per batched verify pass (benchmarks/cache_layouts.py: the holes lengthen the attention span until a
 compaction), but they need a hand-built 4-D mask that bypasses transformers' own (sdpa/eager only,
 sliding windows by hand); here transformers' padding mask does the work, for every attention backend.
