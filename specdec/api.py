@@ -44,9 +44,11 @@ class SpeculativeModel:
             ``stop_strings``.
         memory_budget: bytes (or a string like ``"8GiB"``) the caches of one call may use; default:
             what is free on the model's device. A call whose caches cannot fit fails before any compute.
-        adaptive: choose the draft length per step (up to ``num_draft_tokens``) from online
-            acceptance and cost estimates (:class:`~specdec.draft_length.AdaptiveDraftLength`); the
-            estimates carry over between calls.
+        adaptive: choose the draft length per step (up to ``num_draft_tokens``, or up to a call's
+            own ``num_draft_tokens``) from online acceptance and cost estimates
+            (:class:`~specdec.draft_length.AdaptiveDraftLength`). Without a ``generator`` the
+            wall-clock estimates carry over between calls; a call given a seeded ``generator`` uses a
+            fresh policy whose choices depend on accepted counts only (no clock), so it is reproducible.
         compile_drafter: run the drafter's model through ``torch.compile`` (inductor). On a CPU it
             cuts a small drafter's step by about a third; the first calls pay the compilation
             (about a minute per input shape, cached on disk for later processes). Output is
@@ -104,7 +106,7 @@ class SpeculativeModel:
         """
         k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         _check_k(k)
-        policy = self.policy if self.policy is not None and num_draft_tokens is None else k
+        policy = self._draft_length(k, generator)
         kwargs.setdefault("tokenizer", self.tokenizer)
         tokenizer = kwargs.pop("tokenizer")
         setup = prepare_generation(
@@ -144,6 +146,15 @@ class SpeculativeModel:
         )
 
 
+    def _draft_length(self, k: int, generator: torch.Generator | None) -> int | AdaptiveDraftLength:
+        """The draft-length policy of one call: ``k`` itself, or an adaptive policy drafting at most ``k``."""
+        if self.policy is None:
+            return k
+        if generator is not None:  # reproducible: no wall-clock state, nothing carried over from other calls
+            return AdaptiveDraftLength(max_k=k, timed=False, draft_cost_ratio=_draft_cost_ratio(self.drafter, self.model))
+        self.policy.max_k = k  # the timing and acceptance estimates carry over; only the bound is this call's
+        return self.policy
+
     def _check_memory(self, shape: torch.Size, max_len: int, k: int) -> None:
         """Raise ``specdec.sizing.PlanError`` before any compute if the managed caches cannot fit."""
         draft_model = getattr(self.drafter, "model", None)
@@ -159,6 +170,19 @@ class SpeculativeModel:
             prefill_tokens=shape[1],
             draft_len=k,
         )
+
+
+def _draft_cost_ratio(drafter: Drafter, verifier: torch.nn.Module) -> float:
+    """A clock-free guess of one draft token's cost in verifier passes: the drafter's bytes over the verifier's."""
+    draft_model = getattr(drafter, "model", None)
+    if not isinstance(draft_model, torch.nn.Module):
+        return 0.02  # no model (prompt lookup): drafting is nearly free
+
+    def size(module: torch.nn.Module) -> int:
+        tensors = {t.data_ptr(): t for t in (*module.parameters(), *module.buffers())}  # shared weights once
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    return min(1.0, max(0.02, size(draft_model) / max(size(verifier), 1)))
 
 
 def _check_k(k: int) -> None:

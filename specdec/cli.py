@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 # Measured best on the embedded SmolLM2 (docs/quantization.md, BENCHMARKS.md): int4 weights in groups of
-# 32 with an int8 head agree ~0.98 with fp32 at half the verifier's cost per token.
+# 32 with an int8 head agree ~0.98 with fp32 at half the verifier's cost per token. That is because the
+# embedded GGUF stores its weights on the same int4 grid: the demo's summary says so (drafter_summary).
 DEMO_DRAFT = "self:int4+head8"
+#: drafters that do not inherit the verifier's storage grid, suggested next to a grid-bound one
+GRID_FREE_DRAFTERS = "self:int8 or prompt-lookup"
 
 
 def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None:
@@ -53,32 +55,137 @@ def _load(args: argparse.Namespace):
 
 
 def _check_lengths(args: argparse.Namespace) -> None:
+    """Checks shared by demo and generate, before anything loads (one-line ``error:`` exits)."""
     if args.max_new_tokens < 1:
         raise SystemExit("error: --max-new-tokens must be >= 1")
     if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         raise SystemExit("error: --num-draft-tokens must be >= 1")
+    _check_model_and_draft(args.model, args.draft)
+
+
+def _check_model_and_draft(model: str, draft: str) -> None:
+    """A --model that is not local, or a --draft spec that cannot be built, fails before the model loads."""
+    from specdec.models import DEFAULT_ALIASES, ModelNotFoundError, resolve_model_source
+
+    if model not in DEFAULT_ALIASES:  # the embedded default is checked (with an install hint) when it loads
+        try:
+            resolve_model_source(model)
+        except ModelNotFoundError as e:
+            raise SystemExit(f"error: --model: {e}") from None
+    scheme = _draft_scheme(draft)
+    if scheme is not None:
+        from specdec.quant import UnknownSchemeError, parse_scheme
+
+        try:
+            parse_scheme(scheme)
+        except UnknownSchemeError as e:
+            raise SystemExit(f"error: --draft {draft}: {e}") from None
+    elif draft.startswith("layer-skip:"):
+        n = draft.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise SystemExit(f"error: --draft {draft}: layer-skip needs a layer count >= 1, e.g. layer-skip:8")
+    elif draft != "prompt-lookup" and draft not in DEFAULT_ALIASES:
+        try:
+            resolve_model_source(draft)
+        except ModelNotFoundError:
+            raise SystemExit(
+                f"error: --draft {draft!r} is not a drafter: use self:SCHEME (e.g. self:int8), prompt-lookup, "
+                "composite[:SCHEME], layer-skip:N, or a local model directory / .gguf file"
+            ) from None
+
+
+def _draft_scheme(draft: str) -> str | None:
+    """The quantization scheme of a ``self:SCHEME`` / ``composite[:SCHEME]`` drafter, else None."""
+    if draft.startswith("self:"):
+        return draft.split(":", 1)[1]
+    if draft == "composite":
+        return "int8"  # resolve_drafter's default
+    if draft.startswith("composite:"):
+        return draft.split(":", 1)[1]
+    return None
+
+
+def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
+    """Which drafter runs and why its acceptance is what it is, for the demo's summary.
+
+    Returns ``{"description": one line, "note": one line, "weight_error": float | None,
+    "head_weight_error": float | None, "grid_bound": bool | None}``. For ``self:SCHEME`` and
+    ``composite[:SCHEME]`` the weight errors are measured against ``verifier``'s own weights
+    (:func:`specdec.quant.weight_error`); ``grid_bound`` is True when they already lie on the
+    scheme's grid, which makes acceptance near-perfect and says nothing about a bf16 checkpoint.
+    """
+    out: dict[str, Any] = {"weight_error": None, "head_weight_error": None, "grid_bound": None}
+    scheme = _draft_scheme(draft)
+    if scheme is not None:
+        from specdec.quant import weight_error
+
+        err = weight_error(verifier, scheme)
+        head = "" if err.head_weight_error is None else f", LM head {100 * err.head_weight_error:.2f}%"
+        what = f"a quantized copy of the verifier ({err.scheme})"
+        if draft.startswith("composite"):
+            what = f"prompt lookup where the text repeats, else {what}"
+        out.update(weight_error=err.weight_error, head_weight_error=err.head_weight_error, grid_bound=err.grid_bound)
+        out["description"] = (f"{draft}: {what}; relative weight error against the verifier "
+                              f"{100 * err.weight_error:.2f}% over {err.layers} linear layers{head}")
+        if err.grid_bound:
+            out["note"] = (
+                "its weights coincide with the verifier's storage grid (the verifier's weights already lie on "
+                f"this scheme's grid), so acceptance is near-perfect and not representative of a bf16 model; "
+                f"for a grid-free drafter try --draft {GRID_FREE_DRAFTERS}"
+            )
+        else:
+            out["note"] = ("acceptance reflects how far quantization moves the verifier's weights "
+                           "(and the drafter's bf16 activations)")
+    elif draft == "prompt-lookup":
+        out["description"] = "prompt-lookup: copies n-grams from the prompt and the output so far (no model)"
+        out["note"] = "acceptance is high where the output repeats its context (code edits, summaries, quotes), low elsewhere"
+    elif draft.startswith("layer-skip:"):
+        n = draft.split(":", 1)[1]
+        out["description"] = f"{draft}: the verifier's first {n} layers and its LM head (no extra weights)"
+        out["note"] = "acceptance falls as fewer layers are kept"
+    else:
+        out["description"] = f"{draft}: a separate draft model"
+        out["note"] = "acceptance depends on how closely that model's next-token choices match the verifier's"
+    return out
 
 
 def _read_prompts(path: str) -> list[dict[str, str]]:
-    """JSONL with a ``prompt`` field per line, or Spec-Bench style ``turns`` (first turn) + ``category``."""
-    prompts = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        text = row.get("prompt") or (row.get("turns") or [None])[0]
-        if not isinstance(text, str) or not text.strip():
-            raise SystemExit(f"error: {path}:{n} has no non-empty 'prompt' (or 'turns') field")
-        prompts.append({"task": row.get("task") or row.get("category") or "prompt", "prompt": text})
-    if not prompts:
-        raise SystemExit(f"error: {path} holds no prompts")
-    return prompts
+    """``[{"task", "prompt"}]`` from a JSONL prompt file (:func:`specdec.prompts.read_prompt_file`);
+    any problem with the file exits with a one-line error naming it (and the line)."""
+    from specdec.prompts import PromptFileError, read_prompt_file
+
+    try:
+        records = read_prompt_file(path)
+    except PromptFileError as e:
+        raise SystemExit(f"error: --prompts: {e}") from None
+    return [{"task": r.group or "prompt", "prompt": r.text} for r in records]
+
+
+def _check_sampling(args: argparse.Namespace) -> None:
+    """Sampling options that cannot work fail before the model loads."""
+    given = [flag for flag, v in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p))
+             if v is not None]
+    if not args.do_sample:
+        if given:
+            raise SystemExit(f"error: {', '.join(given)} only apply with --do-sample (without it decoding is greedy)")
+        return
+    if args.compare:
+        raise SystemExit("error: --compare measures greedy decoding against model.generate; leave out --do-sample")
+    if args.temperature is not None and not args.temperature > 0:
+        raise SystemExit(f"error: --temperature must be > 0 with --do-sample (got {args.temperature:g}); "
+                         "for greedy decoding leave out --do-sample")
+    if args.top_k is not None and args.top_k < 0:
+        raise SystemExit(f"error: --top-k must be >= 0 (0 disables it), got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise SystemExit(f"error: --top-p must be in (0, 1], got {args.top_p:g}")
 
 
 def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int:
     from specdec.eval.side_by_side import compare
 
     model, tokenizer, spec = _load(args)
+    drafter = drafter_summary(args.draft, model)
+    _log(f"drafter {drafter['description']}")
     _log(f"running {len(prompts)} prompts, {args.max_new_tokens} new tokens, plain generate vs specdec ...")
     result = compare(
         model,
@@ -96,9 +203,11 @@ def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int
     if not args.json:
         print(f"\nspeedup {result.speedup:.2f}x, acceptance {result.acceptance_rate:.2f}, "
               f"mean accepted length {result.mean_accepted_length:.2f}, identical {sum(r.identical for r in result.results)}/{len(result.results)}")
+        print(f"drafter {drafter['description']}\n  {'NOTE: ' if drafter['grid_bound'] else ''}{drafter['note']}")
         print(f"\nexample output ({result.results[0].task}):\n{result.results[0].text}")
     else:
-        print(json.dumps(result.summary()))
+        # added keys only: the existing summary keys keep their names and values
+        print(json.dumps({**result.summary(), **{f"draft_{k}": v for k, v in drafter.items()}}))
     return 0
 
 
@@ -115,6 +224,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _check_lengths(args)
     if (args.prompt is None) == (args.prompts is None):
         raise SystemExit("error: give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    _check_sampling(args)
     prompts = [{"task": "prompt", "prompt": args.prompt}] if args.prompt is not None else _read_prompts(args.prompts)
     if any(not p["prompt"].strip() for p in prompts):
         raise SystemExit("error: empty prompt")
@@ -127,7 +237,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specdec.eval.side_by_side import encode_prompt
 
     model, tokenizer, spec = _load(args)
-    generator = torch.Generator().manual_seed(args.seed) if args.seed is not None else None
+    generator = torch.Generator(device="cpu").manual_seed(args.seed) if args.seed is not None else None
     sampling = {}
     if args.do_sample:
         sampling = {k: v for k, v in dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p).items() if v is not None}
@@ -162,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate with specdec for a prompt or a JSONL file of prompts")
     _add_model_args(gen, default_new_tokens=128)
     gen.add_argument("--prompt", help="prompt text")
-    gen.add_argument("--prompts", help="JSONL file with a 'prompt' field per line")
+    gen.add_argument("--prompts", help="JSONL file with a 'prompt' field (or Spec-Bench 'turns') per line")
     gen.add_argument("--compare", action="store_true", help="also run plain model.generate and report the speedup")
     gen.add_argument("--do-sample", action="store_true")
     gen.add_argument("--temperature", type=float)

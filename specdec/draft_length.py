@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+# Prior cost of one more token in a verify pass, in passes (memory-bound decode: a few percent).
+VERIFY_SLOPE = 0.05
+
+
 class FixedDraftLength:
     """Always draft ``k`` tokens (fewer only where max_length leaves less room)."""
 
@@ -40,12 +44,20 @@ class AdaptiveDraftLength:
         max_k / min_k: the range searched.
         decay: weight of the past in the moving averages (0.8 ~ the last five steps).
         prior_acceptance: the acceptance assumed before any step.
+        timed: learn the costs from wall-clock time. ``False`` (what specdec uses when a seeded
+            ``generator`` is given) makes every choice a function of the accepted counts alone, so a
+            seeded run draws the same ``k`` sequence, and therefore the same tokens, every time: the
+            draft cost per token is then ``draft_cost_ratio`` verifier passes and a pass over ``k``
+            drafts costs ``1 + VERIFY_SLOPE * k``.
+        draft_cost_ratio: the untimed model's cost of one draft token, in verifier passes.
     """
 
     max_k: int = 8
     min_k: int = 1
     decay: float = 0.8
     prior_acceptance: float = 0.7
+    timed: bool = True
+    draft_cost_ratio: float = 0.1
     acceptance: float = field(init=False)
     draft_cost: float | None = field(init=False, default=None)
     verify_costs: dict[int, float] = field(init=False, default_factory=dict)
@@ -60,10 +72,12 @@ class AdaptiveDraftLength:
 
     def _verify_cost(self, k: int) -> float:
         """Measured cost of a pass over ``k`` drafts, from a line through the measured passes."""
+        if not self.timed:
+            return 1.0 + VERIFY_SLOPE * k
         points = sorted(self.verify_costs.items())
         if len(points) == 1:
             (k0, v0), = points
-            return v0 * (1 + 0.05 * (k - k0))  # prior: ~5% more per extra token until measured
+            return v0 * (1 + VERIFY_SLOPE * (k - k0))  # prior until a second k is measured
         n = len(points)
         mean_k = sum(p[0] for p in points) / n
         mean_v = sum(p[1] for p in points) / n
@@ -71,17 +85,20 @@ class AdaptiveDraftLength:
         slope = max(0.0, sum((p[0] - mean_k) * (p[1] - mean_v) for p in points) / var)
         return mean_v + slope * (k - mean_k)
 
+    def _draft_cost(self) -> float:
+        return self.draft_cost if self.timed and self.draft_cost is not None else self.draft_cost_ratio
+
     def choose(self, limit: int) -> int:
         upper = min(self.max_k, limit)
         if upper < self.min_k:
             return max(0, upper)
-        if self.draft_cost is None or not self.verify_costs:
+        if self.timed and (self.draft_cost is None or not self.verify_costs):
             k = min(upper, max(self.min_k, (self.min_k + self.max_k) // 2))
         else:
             a = min(max(self.acceptance, 0.0), 0.999)
             k = max(
                 range(self.min_k, upper + 1),
-                key=lambda k: expected_tokens(a, k) / (k * self.draft_cost + self._verify_cost(k)),
+                key=lambda k: expected_tokens(a, k) / (k * self._draft_cost() + self._verify_cost(k)),
             )
         self.history.append(k)
         return k
@@ -93,6 +110,8 @@ class AdaptiveDraftLength:
         trials = accepted + (1 if accepted < proposed else 0)
         rate = accepted / trials if trials else self.acceptance
         self.acceptance = self.decay * self.acceptance + (1 - self.decay) * rate
+        if not self.timed:
+            return
         per_token = draft_seconds / proposed
         self.draft_cost = per_token if self.draft_cost is None else self.decay * self.draft_cost + (1 - self.decay) * per_token
         old = self.verify_costs.get(proposed)

@@ -75,12 +75,24 @@ class _Rows:
                 self.logits[r].append(logits[j])
             if self.stopped_at[r] is None and bool(self.setup.stopping(self.rows[r].unsqueeze(0), None)[0]):
                 self.stopped_at[r] = len(self.rows[r])
-                if self.setup.has_eos_criteria:
-                    taken = j + 1
-                    break
+            if self._complete(r):  # nothing after this token is output: not in sequences, scores or streamer
+                taken = j + 1
+                break
         if self.streamer is not None:  # one put per accepted block, as transformers' assisted generation does
             self.streamer.put(tokens[:taken].cpu())
         return taken
+
+    def _complete(self, r: int) -> bool:
+        """Whether row ``r`` has every token ``generate`` would output.
+
+        With an EOS criterion, a row is complete once it stopped. Without one, rows run on until every
+        row has stopped and are then cut at the longest stop, so a row is complete at that length.
+        """
+        if self.stopped_at[r] is None:
+            return False
+        if self.setup.has_eos_criteria:
+            return True
+        return all(s is not None for s in self.stopped_at) and len(self.rows[r]) >= max(self.stopped_at)
 
     def retire(self) -> list[int]:
         """Drop finished rows from ``active``; return the positions (in the old active list) that stay."""
@@ -184,7 +196,7 @@ def speculative_generate(
             scores = _process(setup, rows, drafts, logits)
             accepted, tokens = _accept(setup, drafts, proposal.probs, scores, generator)
             added = [out.add(r, tokens[b, : n + 1], scores[b], logits[b]) for b, (r, n) in enumerate(zip(out.active, accepted.tolist()))]
-            verifier.keep(fed + torch.tensor(added))  # the newest committed token of each row stays unfed
+            verifier.keep(fed + torch.tensor(added, device=fed.device))  # the newest committed token stays unfed
             policy.update(drafts.shape[1], int(accepted.min()), t1 - t0, t2 - t1)
             stats.record_step(drafts.shape[1], accepted.tolist(), added, out.active)
             _retire(out, verifier, drafter)
@@ -207,6 +219,6 @@ def _retire(out: _Rows, verifier: CausalLMRunner, drafter: Drafter) -> None:
     before = len(out.active)
     stay = out.retire()
     if stay and len(stay) < before:
-        index = torch.tensor(stay, dtype=torch.long)
+        index = torch.tensor(stay, dtype=torch.long, device="cpu")  # each cache moves it to its own device
         verifier.keep_rows(index)
         drafter.keep_rows(index)

@@ -34,6 +34,32 @@ def smollm2_path() -> Path:
     return directory
 
 
+#: names that mean the embedded SmolLM2
+DEFAULT_ALIASES = (DEFAULT_MODEL, "default", "smollm2-135m")
+
+
+def resolve_model_source(name_or_path: str = DEFAULT_MODEL) -> tuple[str, dict[str, Any]]:
+    """``(path, from_pretrained kwargs)`` for a model name, without loading anything.
+
+    Lets a command line check ``--model`` before it does any work. Raises
+    :class:`ModelNotFoundError` like :func:`load_model`.
+    """
+    kwargs: dict[str, Any] = {}
+    name = str(name_or_path)
+    if name in DEFAULT_ALIASES:
+        path, kwargs["gguf_file"] = str(smollm2_path()), SMOLLM2_GGUF
+    elif name.endswith(".gguf") and os.path.isfile(name):
+        path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(name)), os.path.basename(name)
+    elif os.path.isdir(name):
+        path = name
+    else:
+        raise ModelNotFoundError(
+            f"model {name_or_path!r} is neither '{DEFAULT_MODEL}' nor a local directory or .gguf file "
+            "(specdec works offline and never downloads)"
+        )
+    return path, kwargs
+
+
 def load_model(
     name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[Any, Any]:
@@ -43,18 +69,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs: dict[str, Any] = {}
-    if name_or_path in (DEFAULT_MODEL, "default", "smollm2-135m"):
-        path, kwargs["gguf_file"] = str(smollm2_path()), SMOLLM2_GGUF
-    elif str(name_or_path).endswith(".gguf") and os.path.isfile(name_or_path):
-        path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(name_or_path)), os.path.basename(name_or_path)
-    elif os.path.isdir(name_or_path):
-        path = name_or_path
-    else:
-        raise ModelNotFoundError(
-            f"model {name_or_path!r} is neither '{DEFAULT_MODEL}' nor a local directory or .gguf file "
-            "(specdec works offline and never downloads)"
-        )
+    path, kwargs = resolve_model_source(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
     return model, tokenizer

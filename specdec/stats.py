@@ -31,6 +31,11 @@ class RowStats:
     def acceptance_by_position(self) -> list[float]:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
 
+    @property
+    def mean_draft_length(self) -> float:
+        """Draft tokens proposed per verifier pass this row took part in (the ``k`` actually used)."""
+        return self.proposed / self.verifier_passes if self.verifier_passes else 0.0
+
     def record(self, proposed: int, accepted: int, committed: int) -> None:
         self.verifier_passes += 1
         self.proposed += proposed
@@ -42,7 +47,7 @@ class RowStats:
     def to_dict(self) -> dict:
         data = asdict(self)
         data.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
-                    acceptance_by_position=self.acceptance_by_position)
+                    acceptance_by_position=self.acceptance_by_position, mean_draft_length=self.mean_draft_length)
         return data
 
 
@@ -102,6 +107,12 @@ class SpecStats:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
 
     @property
+    def mean_draft_length(self) -> float:
+        """Draft tokens proposed per row per verifier pass: ``k`` when fixed, less where adaptive k drafts less."""
+        passes = sum(row.verifier_passes for row in self.rows)
+        return self.proposed / passes if passes else 0.0
+
+    @property
     def time_per_output_token(self) -> float:
         """Seconds per generated token after the first (the decode phase)."""
         rest = self.new_tokens / max(self.batch_size, 1) - 1
@@ -137,6 +148,7 @@ class SpecStats:
             acceptance_rate=self.acceptance_rate,
             mean_accepted_length=self.mean_accepted_length,
             acceptance_by_position=self.acceptance_by_position,
+            mean_draft_length=self.mean_draft_length,
             time_per_output_token=self.time_per_output_token,
             tokens_per_second=self.tokens_per_second,
         )
@@ -147,6 +159,7 @@ class SpecStats:
         return [
             ("new tokens", str(self.new_tokens)),
             ("draft length k", str(self.num_draft_tokens)),
+            ("mean draft length", f"{self.mean_draft_length:.2f} tokens / verifier pass"),
             ("acceptance rate", f"{self.acceptance_rate:.3f} ({self.accepted}/{self.proposed})"),
             ("mean accepted length", f"{self.mean_accepted_length:.2f} tokens / verifier pass"),
             ("acceptance by position", by_pos or "-"),

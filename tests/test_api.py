@@ -73,13 +73,34 @@ class StopAfterToken(StoppingCriteria):
 
 
 def test_custom_stopping_criteria_inside_a_block(llama):
+    """A stop that is not EOS, met inside an accepted block: sequences, scores, logits and the streamer
+    all end where ``model.generate``'s do (the drafter is the verifier, so whole blocks are accepted)."""
     model, _ = llama
     free = model.generate(PROMPT, **GREEDY)[0, 5:].tolist()
     criteria = StoppingCriteriaList([StopAfterToken(free[7])])
-    ref = model.generate(PROMPT, stopping_criteria=criteria, **GREEDY)
-    got = specdec.SpeculativeModel(model, model, num_draft_tokens=8).generate(PROMPT, stopping_criteria=criteria, **GREEDY)
+    kwargs = dict(GREEDY, stopping_criteria=criteria, return_dict_in_generate=True, output_scores=True, output_logits=True)
+    theirs, mine = Recorder(), Recorder()
+    ref = model.generate(PROMPT, streamer=theirs, **kwargs)
+    got = specdec.SpeculativeModel(model, model, num_draft_tokens=8).generate(PROMPT, streamer=mine, **kwargs)
+    assert torch.equal(got.sequences, ref.sequences)
+    assert got.sequences.shape[1] < PROMPT.shape[1] + 20
+    assert len(got.scores) == len(ref.scores) == got.sequences.shape[1] - PROMPT.shape[1]
+    assert len(got.logits) == len(ref.logits)
+    for mine_s, theirs_s in zip(got.scores, ref.scores):
+        torch.testing.assert_close(mine_s, theirs_s, rtol=1e-4, atol=1e-4)
+    streamed = [t for chunk in mine.chunks[1:] for t in (chunk if isinstance(chunk[0], int) else chunk[0])]
+    assert streamed == got.sequences[0, PROMPT.shape[1]:].tolist()
+
+
+def test_stop_inside_a_block_in_a_batch_without_eos(llama):
+    """Without EOS, rows run on until every row stopped and are cut at the longest stop, as in ``generate``."""
+    model, _ = llama
+    prompts = torch.tensor([[5, 17, 33, 8, 41], [9, 3, 71, 12, 60]])
+    free = model.generate(prompts, **GREEDY)[:, 5:]
+    criteria = StoppingCriteriaList([StopAfterToken(int(free[0, 3]))])
+    ref = model.generate(prompts, stopping_criteria=criteria, **GREEDY)
+    got = specdec.SpeculativeModel(model, model, num_draft_tokens=8).generate(prompts, stopping_criteria=criteria, **GREEDY)
     assert torch.equal(got, ref)
-    assert got.shape[1] < PROMPT.shape[1] + 20
 
 
 def test_generation_config_and_max_length(llama):
@@ -151,8 +172,22 @@ def test_custom_drafter_protocol(llama):
     got = specdec.SpeculativeModel(model, drafter, num_draft_tokens=3).generate(PROMPT, **GREEDY)
     assert torch.equal(got, model.generate(PROMPT, **GREEDY))
     assert drafter.calls > 0
-    # deterministic drafter under sampling: one-hot q
-    specdec.SpeculativeModel(model, drafter).generate(PROMPT, max_new_tokens=10, do_sample=True, eos_token_id=None)
+
+
+def test_custom_drafter_protocol_under_sampling(llama):
+    """A deterministic drafter (``probs=None``) under sampling: its drafts count as one-hot ``q``, judged
+    against the *processed* distribution, and a seeded generator makes the call reproducible."""
+    model, _ = llama
+    spec = specdec.SpeculativeModel(model, CountingDrafter(), num_draft_tokens=3)
+    # top_k=1: the processed distribution is one-hot at the argmax, so sampling must give greedy output
+    sampled = spec.generate(PROMPT, do_sample=True, top_k=1, max_new_tokens=20, eos_token_id=None)
+    assert torch.equal(sampled, model.generate(PROMPT, **GREEDY))
+    # token 7 banned by a processor: a draft of 7 has processed probability 0, so none may be accepted
+    kwargs = dict(do_sample=True, max_new_tokens=20, eos_token_id=None, bad_words_ids=[[7]])
+    runs = [spec.generate(PROMPT, generator=torch.Generator(device="cpu").manual_seed(5), **kwargs) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+    assert 7 not in runs[0][0, PROMPT.shape[1]:].tolist()
+    assert spec.last_stats.proposed > 0 and spec.last_stats.accepted == 0
 
 
 # --- bad input -------------------------------------------------------------------------------------------
@@ -214,6 +249,16 @@ def test_mismatched_vocabularies():
     other_eos = tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=VOCAB, eos_token_id=9, bos_token_id=1))
     with pytest.raises(specdec.VocabularyMismatchError, match="eos_token_id"):
         specdec.SpeculativeModel(verifier, other_eos)
+
+
+def test_drafter_with_a_smaller_vocabulary_is_refused_when_built():
+    verifier = make_model("llama")
+    config = verifier.config.to_dict()
+    config["vocab_size"] = VOCAB - 16
+    torch.manual_seed(3)
+    draft = tf.LlamaForCausalLM(tf.LlamaConfig(**config)).eval()
+    with pytest.raises(specdec.VocabularyMismatchError, match=f"smaller.*{VOCAB - 16}.*{VOCAB}"):
+        specdec.SpeculativeModel(verifier, draft, num_draft_tokens=3)
 
 
 def test_padded_drafter_head_is_accepted():

@@ -22,6 +22,10 @@ def test_demo_json_contract(capsys):
     assert data["identical"] == 2
     assert data["speedup"] > 0 and 0 <= data["acceptance_rate"] <= 1
     assert data["mean_accepted_length"] >= 1
+    # the default drafter's int4 g32 grid is the embedded Q4_1 model's own: the summary must say so
+    assert data["draft"] == "self:int4+head8"
+    assert data["draft_grid_bound"] is True and data["draft_weight_error"] <= 1e-6
+    assert "storage grid" in data["draft_note"] and "self:int8" in data["draft_note"]
 
 
 @pytest.mark.slow

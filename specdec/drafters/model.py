@@ -41,6 +41,11 @@ def check_vocab_compat(
     them, the special token ids must agree and the head sizes may differ only by padding.
     """
     v_size, d_size = _vocab_size(verifier), _vocab_size(drafter)
+    if d_size < v_size:  # it could never propose (nor give a probability to) the verifier's last ids
+        raise VocabularyMismatchError(
+            f"the drafter's vocabulary is smaller than the verifier's: drafter head {d_size} rows, verifier "
+            f"{v_size}. A drafter must score every token id the verifier can emit."
+        )
     if verifier_tokenizer is not None and drafter_tokenizer is not None:
         v_vocab, d_vocab = verifier_tokenizer.get_vocab(), drafter_tokenizer.get_vocab()
         if v_vocab != d_vocab:

@@ -16,8 +16,10 @@ from specdec.eval.metrics import compute_metric, metric_path
 from specdec.eval.report import EvalReport, build_summary
 from specdec.eval.runner import (
     MethodSpec,
+    OutputDirError,
     ResolvedDraft,
     ResumeError,
+    check_out_dir,
     load_records,
     plan_methods,
     register_drafter,
@@ -29,10 +31,12 @@ __all__ = [
     "DatasetError",
     "EvalReport",
     "MethodSpec",
+    "OutputDirError",
     "Prompt",
     "ResolvedDraft",
     "ResumeError",
     "build_summary",
+    "check_out_dir",
     "compute_metric",
     "default_dataset",
     "load_prompts",

@@ -43,6 +43,17 @@ def _baselines(value: str) -> list[str]:
     return names
 
 
+def _out_dir(value: str) -> str:
+    """``--out``: refused at parse time (before the model loads) when it is a file or cannot be written."""
+    from specdec.eval.runner import OutputDirError, check_out_dir
+
+    try:
+        check_out_dir(value)
+    except OutputDirError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return value
+
+
 def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
@@ -75,15 +86,17 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                           "drafter specdec knows (prompt-lookup, composite[:SCHEME], layer-skip:N; hf-assisted is "
                           "skipped for drafters that are not causal LMs)")
     gen.add_argument("--adaptive", action="store_true",
-                     help="also run each specdec method with adaptive draft length (up to its k)")
+                     help="also run each specdec method with adaptive draft length (up to its k); mean_draft_length "
+                          "in summary.json and the report shows the k each method actually drafted")
     gen.add_argument("--compile-drafter", action="store_true",
                      help="run specdec's model drafters through torch.compile (compiled during the warm-up; "
-                          "HF baselines and the verifier are not compiled)")
+                          "the verifier is compiled only by the hf-compiled baseline)")
     gen.add_argument("--num-draft-tokens", "-k", nargs="+", type=_positive, default=[4], metavar="K",
                      help="draft lengths to evaluate specdec at (default: 4)")
     gen.add_argument("--baselines", type=_baselines, default=list(DEFAULT_BASELINES),
                      help=f"comma-separated among {','.join(BASELINE_KINDS)} (default: {','.join(DEFAULT_BASELINES)}); "
-                          "hf always runs: it is the reference")
+                          "hf always runs: it is the reference; hf-compiled is generate with a static cache and its "
+                          "decode step compiled by torch.compile (compiled before timing, compile time reported apart)")
     gen.add_argument("--prompt-lookup-tokens", type=_positive, default=DEFAULT_PROMPT_LOOKUP_TOKENS,
                      help=f"prompt_lookup_num_tokens of hf-prompt-lookup (default: {DEFAULT_PROMPT_LOOKUP_TOKENS})")
     gen.add_argument("--max-new-tokens", type=_positive, default=64)
@@ -98,10 +111,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                           "only in transformers) are skipped")
 
     run = parser.add_argument_group("output")
-    run.add_argument("--out", default=DEFAULT_OUT,
-                     help=f"output directory; a rerun with the same directory resumes (default: {DEFAULT_OUT})")
+    run.add_argument("--out", type=_out_dir, default=DEFAULT_OUT,
+                     help=f"output directory; a rerun with the same directory resumes, and is refused if any setting "
+                          f"that changes a measurement, or a prompt's text, differs (default: {DEFAULT_OUT})")
     run.add_argument("--overwrite", action="store_true", help="discard results already in --out instead of resuming")
-    run.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation of each method")
+    run.add_argument("--no-warmup", action="store_true",
+                     help="skip the untimed warm-up generation of each method (hf-compiled still compiles untimed)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-plots", action="store_true", help="skip the matplotlib plots")
     run.add_argument("--json", action="store_true", help="print summary.json as one line, last on stdout")
@@ -138,7 +153,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from specdec.drafters import VocabularyMismatchError
     from specdec.eval.datasets import DatasetError, default_dataset, load_prompts
-    from specdec.eval.runner import ResumeError
+    from specdec.eval.runner import OutputDirError, ResumeError
     from specdec.eval.runner import run_eval as evaluate_model
     from specdec.models import ModelNotFoundError, load_model
     from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
@@ -177,7 +192,7 @@ def run_eval(args: argparse.Namespace) -> int:
             config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
                     "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "command": command},
         )
-    except (ResumeError, UnknownSchemeError, UnsupportedSchemeError, VocabularyMismatchError, ModelNotFoundError) as err:
+    except (ResumeError, OutputDirError, UnknownSchemeError, UnsupportedSchemeError, VocabularyMismatchError, ModelNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     if state.is_main_process:
         print(report.markdown())

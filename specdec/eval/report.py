@@ -4,9 +4,13 @@
 
     {"methods": [{"name": "specdec[self:int8,k=4]", "kind": "specdec", "draft": "self:int8", "k": 4, "batch_size": 1,
                   "prompts": 6, "tokens_per_s": 21.3, "speedup": 1.41,          # vs hf, same run
-                  "speedup_vs": {"hf": 1.41, "hf-assisted[self:int8]": 1.12},
-                  "acceptance_rate": 0.71, "mean_accepted_length": 3.2, "identical": 6, ...,
-                  "groups": {"mt_bench": {...same figures...}, "translation": {...}}}, ...],
+                  "speedup_vs_hf_compiled": 1.25,                               # null without hf-compiled
+                  "speedup_vs": {"hf": 1.41, "hf-compiled": 1.25, "hf-assisted[self:int8]": 1.12},
+                  "acceptance_rate": 0.71, "mean_accepted_length": 3.2, "mean_draft_length": 4.0,
+                  "acceptance_by_position": [0.9, 0.8, 0.6, 0.5], "identical": 6, ...,
+                  "groups": {"mt_bench": {...same figures...}, "translation": {...}}},
+                 {"name": "hf-compiled", "kind": "hf-compiled", "compile_seconds": 107.2, "compiled_graphs": 0,
+                  "identical": 6, ...}, ...],
      "groups": ["mt_bench", ...], "baselines": ["hf", ...], "batch_size": 1, "config": {...}}
 
 With ``batch_size`` B > 1 (``specdec eval --batch-size B``) each method ran on left-padded batches
@@ -16,7 +20,11 @@ time) and ``speedup`` its ratio to HF ``generate`` on the same batches.
 Every figure pools the prompts that every method of the run completed. Throughput is total new
 tokens over total seconds; speedups are ratios of throughputs measured in the same run. Acceptance
 rate, mean accepted length, speedup and identity are computed by specdec's local ``evaluate`` modules
-(:mod:`specdec.eval.metrics`).
+(:mod:`specdec.eval.metrics`). ``mean_draft_length`` is draft tokens proposed per verifier pass (total
+over total): ``k`` for a fixed-k method (less only where ``max_length`` leaves less room), less where
+adaptive k drafts less. ``hf-compiled`` adds ``compile_seconds`` (the untimed compile before its first
+timed call; the largest over the runs its records come from) and ``compiled_graphs`` (graphs compiled
+inside timed calls, which should be 0); its ``identical`` counts greedy outputs equal to ``hf``'s.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from specdec.eval.metrics import compute_metric
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 OVERALL = "overall"
+HF_COMPILED = "hf-compiled"
 #: files a run writes besides its records (``--overwrite`` removes exactly these)
 OUTPUT_FILES = (SUMMARY_FILE, REPORT_FILE, "speedup_per_group.png", "acceptance_by_position.png", "speedup_vs_k.png")
 
@@ -44,8 +53,11 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 
 def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequence[Mapping[str, Any]]],
-             speculative: bool, greedy: bool, reference: Mapping[str, Sequence[int]]) -> dict[str, Any]:
-    """Pooled figures of one method over ``rows`` (one per prompt), against each baseline's rows on the same prompts."""
+             speculative: bool, greedy: bool, reference: Mapping[str, Sequence[int]], compare: bool = True) -> dict[str, Any]:
+    """Pooled figures of one method over ``rows`` (one per prompt), against each baseline's rows on the same prompts.
+
+    ``speculative``: the method drafts (acceptance figures); ``compare``: count its greedy outputs equal to ``hf``'s.
+    """
     tokens = [r["new_tokens"] for r in rows]
     seconds = [r["seconds"] for r in rows]
     total_s = sum(seconds)
@@ -64,9 +76,14 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
             baseline_new_tokens=[r["new_tokens"] for r in base], baseline_seconds=[r["seconds"] for r in base],
         )["speedup"])
     fig["speedup"] = ratios.get("hf")
+    fig["speedup_vs_hf_compiled"] = ratios.get(HF_COMPILED)
     fig["speedup_vs"] = ratios
-    keys = ("proposed", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_length", "identical")
+    keys = ("proposed", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_length",
+            "mean_draft_length", "identical")
     fig.update(dict.fromkeys(keys))
+    if greedy and compare:
+        fig["identical"] = compute_metric("token_exact_match", predictions=[r["output_ids"] for r in rows],
+                                          references=[reference[r["prompt_id"]] for r in rows])["matches"]
     if not speculative:
         return fig
     if rows and all(r.get("proposed_per_position") is not None for r in rows):
@@ -78,10 +95,20 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
         fig["mean_accepted_length"] = _round(compute_metric(
             "mean_accepted_length", committed=[r["committed_tokens"] for r in rows],
             verifier_passes=[r["verifier_passes"] for r in rows])["mean_accepted_length"])
-    if greedy:
-        fig["identical"] = compute_metric("token_exact_match", predictions=[r["output_ids"] for r in rows],
-                                          references=[reference[r["prompt_id"]] for r in rows])["matches"]
+        if fig["proposed"] is not None:  # pooled: total drafts proposed over total verifier passes
+            passes = sum(r["verifier_passes"] for r in rows)
+            fig["mean_draft_length"] = _round(fig["proposed"] / passes if passes else 0.0)
     return fig
+
+
+def _compile_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``hf-compiled``'s compile cost: the untimed compile (largest over the runs that recorded ``rows``) and the
+    graphs compiled inside timed calls (each batch counted once)."""
+    seconds = [r["compile_seconds"] for r in rows if r.get("compile_seconds") is not None]
+    calls = {(r.get("rank"), r.get("batch_index", r["prompt_index"]), r.get("max_cache_len")): r.get("compiled_graphs") or 0
+             for r in rows}
+    return {"compile_seconds": _round(max(seconds)) if seconds else None, "compiled_graphs": sum(calls.values()),
+            "max_cache_len": max((r.get("max_cache_len") or 0 for r in rows), default=None)}
 
 
 def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], prompts: Sequence[Prompt],
@@ -104,10 +131,13 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
     entries = []
     for m in methods:
         bases = {b: rows(b) for b in baselines if b != m.name or b == "hf"}
+        compare = m.kind != "hf"
         entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k, "batch_size": batch_size,
-                 **_figures(rows(m.name), bases, m.speculative, greedy, reference)}
+                 **_figures(rows(m.name), bases, m.speculative, greedy, reference, compare)}
+        if m.kind == HF_COMPILED:
+            entry.update(_compile_figures(rows(m.name)))
         entry["groups"] = {
-            g: _figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference)
+            g: _figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference, compare)
             for g in groups
         }
         entries.append(entry)
@@ -134,7 +164,7 @@ def _fmt(x: Any, spec: str = ".2f", scale: float = 1.0) -> str:
 def _table_rows(summary: Mapping[str, Any], group: str | None) -> tuple[list[str], list[list[str]]]:
     baselines = summary["baselines"]
     head = ["method", "prompts", "tokens", "tok/s", *[f"vs {b}" for b in baselines], "accept", "mean len",
-            "TTFT ms", "TPOT ms", "identical"]
+            "draft len", "TTFT ms", "TPOT ms", "identical"]
     body = []
     for m in summary["methods"]:
         f = m if group is None else m["groups"].get(group)
@@ -143,7 +173,7 @@ def _table_rows(summary: Mapping[str, Any], group: str | None) -> tuple[list[str
         vs = [("-" if b == m["name"] and b != "hf" else _fmt(f["speedup_vs"].get(b))) for b in baselines]
         ident = "-" if f["identical"] is None else f"{f['identical']}/{f['prompts']}"
         body.append([m["name"], str(f["prompts"]), str(f["new_tokens"]), _fmt(f["tokens_per_s"]), *vs,
-                     _fmt(f["acceptance_rate"]), _fmt(f["mean_accepted_length"]),
+                     _fmt(f["acceptance_rate"]), _fmt(f["mean_accepted_length"]), _fmt(f.get("mean_draft_length")),
                      _fmt(f["time_to_first_token"], ".0f", 1000), _fmt(f["time_per_output_token"], ".1f", 1000), ident])
     return head, body
 
@@ -185,6 +215,18 @@ def _describe(summary: Mapping[str, Any]) -> str:
     return ", ".join(parts) + "."
 
 
+def _compile_note(summary: Mapping[str, Any]) -> str:
+    """One paragraph on ``hf-compiled``'s compile cost (excluded from its tokens/s), or ``""``."""
+    m = next((m for m in summary["methods"] if m["kind"] == HF_COMPILED), None)
+    if m is None:
+        return ""
+    note = (f"`hf-compiled` (static cache, decode step through `torch.compile`) compiled for "
+            f"{_fmt(m.get('compile_seconds'), '.1f')} s before its first timed call; that time is not in its tok/s.")
+    if m.get("compiled_graphs"):
+        note += f" It compiled {m['compiled_graphs']} more graph(s) inside timed calls: those are in its tok/s."
+    return note
+
+
 def _sections(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     out = [(OVERALL, *_table_rows(summary, None))]
     if len(summary["groups"]) > 1:  # a single group's table would repeat the overall one
@@ -198,7 +240,10 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
     if summary["config"].get("command"):
         lines += ["```", summary["config"]["command"], "```", ""]
     lines += ["`vs X` columns are tokens/s ratios against method X in this run; `accept` is the draft acceptance rate, "
-              "`mean len` the tokens committed per verifier pass, `identical` the greedy outputs equal to `hf`'s.", ""]
+              "`mean len` the tokens committed per verifier pass, `draft len` the draft tokens proposed per verifier "
+              "pass (k, or less where adaptive k drafts less), `identical` the greedy outputs equal to `hf`'s.", ""]
+    if _compile_note(summary):
+        lines += [_compile_note(summary), ""]
     if summary.get("incomplete_prompts"):
         lines += [f"{summary['incomplete_prompts']} prompt(s) not completed by every method are left out.", ""]
     for title, head, body in _sections(summary):
@@ -214,6 +259,8 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
 def render_html(summary: Mapping[str, Any]) -> str:
     """HTML tables of the report (for Jupyter)."""
     parts = [f"<p>{html.escape(_describe(summary))}</p>"]
+    if _compile_note(summary):
+        parts.append(f"<p>{html.escape(_compile_note(summary))}</p>")
     parts += [_html_table(head, body, title) for title, head, body in _sections(summary)]
     head, body = _position_rows(summary)
     if body:

@@ -3,6 +3,8 @@
 Methods (:class:`MethodSpec`):
 
 - ``hf``: plain ``model.generate``, the reference for speedups and output identity;
+- ``hf-compiled``: ``model.generate(cache_implementation="static")`` with its decode step compiled by
+  ``torch.compile`` (transformers' recipe), compiled before timing;
 - ``hf-assisted[D]``: ``model.generate(assistant_model=<D's model>)`` with transformers' defaults;
 - ``hf-assisted-heuristic[D]``: the same with transformers' ``num_assistant_tokens_schedule="heuristic"``
   (its adaptive draft length);
@@ -12,16 +14,19 @@ Methods (:class:`MethodSpec`):
 For ``self:SCHEME`` the quantized copy is built once and the same module drafts for specdec and for HF
 assisted generation. Methods run in an order rotated per prompt, after one warm-up each, with the same
 chat template and generation arguments. Records go to ``records.jsonl`` (``records.rankN.jsonl`` per
-process under ``accelerate launch``) as each prompt finishes; a rerun skips recorded pairs.
+process under ``accelerate launch``) as each prompt finishes; a rerun skips recorded pairs, and refuses a
+directory recorded with other settings (``eval_config.json``) or other prompt text (each record's hash).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,7 +41,10 @@ from specdec.eval.side_by_side import encode_prompt
 
 HF, HF_ASSISTED, HF_PROMPT_LOOKUP, SPECDEC = "hf", "hf-assisted", "hf-prompt-lookup", "specdec"
 HF_ASSISTED_HEURISTIC = "hf-assisted-heuristic"
-BASELINE_KINDS = (HF, HF_ASSISTED, HF_ASSISTED_HEURISTIC, HF_PROMPT_LOOKUP)
+HF_COMPILED = "hf-compiled"
+BASELINE_KINDS = (HF, HF_COMPILED, HF_ASSISTED, HF_ASSISTED_HEURISTIC, HF_PROMPT_LOOKUP)
+#: methods that do not draft: no acceptance statistics, but (greedy) compared with ``hf`` token for token
+PLAIN_KINDS = (HF, HF_COMPILED)
 ASSISTED_KINDS = (HF_ASSISTED, HF_ASSISTED_HEURISTIC)
 #: the assistant generation settings of ``hf-assisted-heuristic``: transformers' own heuristic schedule
 #: (k + 2 after a fully accepted draft, k - 1 otherwise) from its former default start of 5 tokens
@@ -48,9 +56,16 @@ WARMUP_TOKENS = 8
 CONFIG_FILE = "eval_config.json"
 RECORDS_FILE = "records.jsonl"
 #: settings that change what a recorded (prompt, method) pair means: a resume must match them
-RESUME_KEYS = ("model", "dataset", "max_new_tokens", "do_sample", "temperature", "top_p", "seed", "chat_template",
-               "prompt_lookup_num_tokens", "batch_size")
-_RESUME_DEFAULTS = {"batch_size": 1}  # runs recorded before a key existed
+RESUME_KEYS = ("model", "dataset", "dtype", "device", "device_name", "num_processes", "max_new_tokens", "do_sample",
+               "temperature", "top_p", "seed", "chat_template", "prompt_lookup_num_tokens", "batch_size",
+               "compile_drafter", "warmup")
+#: keys that only matter to some methods: ``None`` (no such method in that run) matches any value
+_OPTIONAL_KEYS = ("prompt_lookup_num_tokens",)
+_RESUME_DEFAULTS = {"batch_size": 1, "compile_drafter": False}  # runs recorded before these keys existed
+#: the ``generate`` state transformers' auto-compile leaves on the model (restored after a run)
+_COMPILE_STATE = ("_compiled_call", "_last_compile_config", "_previous_max_cache_length")
+#: device types on which ``generate`` compiles a static-cache decode step without being asked
+_AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
 
 
 # --------------------------------------------------------------------------------------------
@@ -87,7 +102,7 @@ class MethodSpec:
     @property
     def speculative(self) -> bool:
         """Whether the method drafts and verifies (and so has acceptance statistics)."""
-        return self.kind != HF
+        return self.kind not in PLAIN_KINDS
 
     @classmethod
     def parse(cls, name: str) -> "MethodSpec":
@@ -172,7 +187,8 @@ def plan_methods(
     num_draft_tokens: Iterable[int] = (4,),
     adaptive: bool = False,
 ) -> list[MethodSpec]:
-    """The methods of a run: ``hf`` (always: it is the reference), the baselines, then specdec per drafter and k
+    """The methods of a run: ``hf`` (always: it is the reference), ``hf-compiled`` when asked for, the other
+    baselines, then specdec per drafter and k
     (and, with ``adaptive``, each of those again with adaptive draft length up to k).
 
     ``hf-assisted`` is planned for each drafter that is a causal LM; for the others a warning says
@@ -183,6 +199,8 @@ def plan_methods(
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINE_KINDS)}")
     methods = [MethodSpec(HF)]
+    if HF_COMPILED in baselines:
+        methods.append(MethodSpec(HF_COMPILED))
     for kind in (k for k in ASSISTED_KINDS if k in baselines):
         for d in drafts:
             if has_hf_assistant(d):
@@ -215,6 +233,7 @@ class Measurement:
     accepted_per_position: list[int] | None = None
     committed_tokens: int | None = None
     verifier_passes: int | None = None
+    compiled_graphs: int | None = None  # hf-compiled: graphs torch.compile built during this (timed) call
 
 
 class _StepTimer(BaseStreamer):
@@ -368,9 +387,11 @@ class _Runner:
 
     def _specdec(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
         generator = torch.Generator(device=ids.device).manual_seed(seed) if seed is not None else None
+        # an adaptive method has a SpeculativeModel of its own, built with max k = method.k: passing k per call
+        # is only needed for the fixed-k methods, which share one SpeculativeModel per drafter
+        k = None if self.method.adaptive else self.method.k
         start = time.perf_counter()
-        out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=self.method.k, generator=generator,
-                                 **gen_kwargs)
+        out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=k, generator=generator, **gen_kwargs)
         _sync(ids.device)
         seconds = time.perf_counter() - start
         stats = self.spec.last_stats
@@ -381,6 +402,93 @@ class _Runner:
             result.accepted_per_position = list(row.accepted_per_position)
             result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
         return results
+
+
+class _CompiledRunner(_Runner):
+    """``hf-compiled``: ``model.generate`` with a static KV cache, whose decode step transformers compiles.
+
+    transformers' own mechanism is used: with ``cache_implementation="static"`` and a ``compile_config``,
+    ``generate`` runs the prefill eagerly and each decode step through ``model.get_compiled_call`` (a
+    ``torch.compile`` of the model's ``__call__``, kept on the model as ``_compiled_call``); the model's
+    ``forward`` is never replaced. It does so by itself on CUDA/XPU; elsewhere (CPU) ``CompileConfig``'s
+    private ``_compile_all_devices`` switch turns it on. Every call gets the same ``max_cache_len`` (the
+    longest prompt of the run + ``max_new_tokens``), so every decode step has the same shapes whatever
+    the prompt length: one graph per batch size, compiled by :meth:`compile` before any timed call.
+    """
+
+    def __init__(self, method: MethodSpec, model: Any) -> None:
+        super().__init__(method, model)
+        self.compile_seconds: float | None = None
+        self.max_cache_len: int | None = None
+
+    def configure(self, max_cache_len: int) -> None:
+        """Fix the static cache length of every call (the largest prompt width + ``max_new_tokens``)."""
+        from transformers import CompileConfig
+
+        config = CompileConfig()  # transformers' defaults: inductor, mode="reduce-overhead", not fullgraph
+        if self.model.device.type not in _AUTO_COMPILE_DEVICES:
+            config._compile_all_devices = True  # generate compiles on accelerators only unless told so
+        self.max_cache_len = max_cache_len
+        self.extra = {"cache_implementation": "static", "max_cache_len": max_cache_len, "compile_config": config}
+
+    def compile(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], gen_kwargs: Mapping[str, Any],
+                seed: int | None) -> float:
+        """Compile the decode step for each batch shape in ``batches``, untimed; returns the compile seconds.
+
+        Each shape is generated twice: compile time is the first call's wall time less the second's (the
+        same call, already compiled).
+        """
+        if self.max_cache_len is None:
+            raise RuntimeError("hf-compiled: configure(max_cache_len) before compiling")
+        new = min(WARMUP_TOKENS, int(gen_kwargs["max_new_tokens"]))
+        if new < 2:  # the only new token comes from the (eager) prefill: there is no decode step to compile
+            self.compile_seconds = 0.0
+            return 0.0
+        # min_new_tokens: an early EOS must not end the call before the decode step has run (and compiled)
+        kwargs = {**gen_kwargs, "max_new_tokens": new, "min_new_tokens": new}
+        total = 0.0
+        for ids, mask in {ids.shape[0]: (ids, mask) for ids, mask in batches}.values():
+            times = []
+            for _ in range(2):
+                start = time.perf_counter()
+                self._hf(ids, mask, kwargs, seed)
+                times.append(time.perf_counter() - start)
+            total += max(0.0, times[0] - times[1])
+        if getattr(self.model, "_compiled_call", None) is None:
+            raise RuntimeError(f"hf-compiled: transformers' generate did not compile the decode step of "
+                               f"{type(self.model).__name__} (its auto-compile criteria were not met)")
+        self.compile_seconds = total
+        return total
+
+    def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
+                 mask: torch.Tensor | None = None) -> list[Measurement]:
+        before = _compiled_frames()
+        results = super().__call__(ids, gen_kwargs, seed, mask)
+        compiled = _compiled_frames() - before
+        for result in results:
+            result.compiled_graphs = compiled
+        return results
+
+
+def _compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (to catch a compile inside a timed call)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])
+
+
+@contextlib.contextmanager
+def _restore_compile_state(model: Any) -> Iterator[None]:
+    """Leave the model as it was: drop the compiled call (and cache sizing) ``hf-compiled`` made ``generate`` keep."""
+    saved = {name: vars(model)[name] for name in _COMPILE_STATE if name in vars(model)}
+    try:
+        yield
+    finally:
+        for name in _COMPILE_STATE:
+            if name in saved:
+                setattr(model, name, saved[name])
+            elif name in vars(model):
+                delattr(model, name)
 
 
 def build_runners(
@@ -401,6 +509,8 @@ def build_runners(
             drafts[m.draft] = resolve_draft(m.draft, model, tokenizer)
         if m.kind == HF:
             runners[m.name] = _Runner(m, model)
+        elif m.kind == HF_COMPILED:
+            runners[m.name] = _CompiledRunner(m, model)
         elif m.kind == HF_PROMPT_LOOKUP:
             runners[m.name] = _Runner(m, model, {"prompt_lookup_num_tokens": prompt_lookup_num_tokens})
         elif m.kind in ASSISTED_KINDS:
@@ -454,7 +564,40 @@ def load_records(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 class ResumeError(ValueError):
-    """The output directory holds results of another configuration."""
+    """The output directory holds results of another configuration, or of other prompt text."""
+
+
+class OutputDirError(ValueError):
+    """The output directory cannot be used: an existing file, or a place this process cannot write to."""
+
+
+def check_out_dir(path: str | os.PathLike) -> Path:
+    """Raise :class:`OutputDirError` (one line) unless ``path`` is, or can be made, a writable directory.
+
+    Nothing is left behind: writability is probed with a temporary entry that is removed at once (a
+    permission check alone would pass for root on a read-only or virtual file system).
+    """
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"output directory {str(out)!r} is an existing file, not a directory")
+    probe = out
+    while not probe.exists():  # the nearest ancestor that exists is where the directory would be made
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OutputDirError(f"cannot create output directory {str(out)!r}: {str(probe)!r} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".specdec-probe-", dir=probe))
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if probe == out:
+            raise OutputDirError(f"output directory {str(out)!r} is not writable ({reason})") from None
+        raise OutputDirError(f"cannot create output directory {str(out)!r}: {str(probe)!r} is not writable ({reason})") from None
+    return out
+
+
+def prompt_hash(text: str) -> str:
+    """What a record stores of its prompt's text (SHA-256, 16 hex digits): a resume refuses other text under its id."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def _end_partial_line(path: Path) -> None:
@@ -466,16 +609,46 @@ def _end_partial_line(path: Path) -> None:
                 f.write(b"\n")
 
 
-def _check_config(out_dir: Path, config: Mapping[str, Any]) -> None:
+_UNRECORDED = object()
+
+
+def _check_config(out_dir: Path, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Refuse to resume ``out_dir`` if it was recorded with other settings; returns the config to write back
+    (``config``, plus the recorded value of an optional key this run does not use)."""
     path = out_dir / CONFIG_FILE
     if not path.is_file():
-        return
-    old = json.loads(path.read_text())
-    differ = [k for k in RESUME_KEYS if old.get(k, _RESUME_DEFAULTS.get(k)) != config.get(k)]
+        return dict(config)
+    try:
+        old = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise ResumeError(f"{path} is not valid JSON: cannot tell what its results were measured with; "
+                          "use another output directory, or overwrite it (--overwrite)") from None
+    merged = dict(config)
+    differ = []
+    for key in RESUME_KEYS:
+        then, now = old.get(key, _RESUME_DEFAULTS.get(key, _UNRECORDED)), config.get(key)
+        if key in _OPTIONAL_KEYS and (then is None or now is None):
+            if now is None and then is not _UNRECORDED:
+                merged[key] = then  # kept: a later run that uses it again must match it
+            continue
+        if then != now:
+            differ.append(f"{key}: {'not recorded' if then is _UNRECORDED else repr(then)} there, {now!r} now")
     if differ:
-        detail = ", ".join(f"{k}: {old.get(k)!r} there, {config.get(k)!r} now" for k in differ)
-        raise ResumeError(f"{out_dir} holds results of another configuration ({detail}); "
-                         "use another output directory, or overwrite it")
+        raise ResumeError(f"{out_dir} holds results of another configuration ({'; '.join(differ)}); "
+                          "use another output directory, or overwrite it (--overwrite)")
+    return merged
+
+
+def _check_prompts(out_dir: Path, prompts: Sequence[Prompt], records: Iterable[Mapping[str, Any]]) -> None:
+    """Refuse to resume when a prompt id was recorded with other text (edited data set, another prompt column)."""
+    recorded: dict[str, Any] = {}
+    for r in records:
+        recorded.setdefault(str(r["prompt_id"]), r.get("prompt_sha256"))
+    differ = [p.id for p in prompts if p.id in recorded and recorded[p.id] != prompt_hash(p.text)]
+    if differ:
+        ids = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+        raise ResumeError(f"{out_dir} holds results for other text under prompt id(s) {ids} (edited data set, or "
+                          "another --prompt-column?); use another output directory, or --overwrite")
 
 
 def _clear(out_dir: Path) -> None:
@@ -536,7 +709,7 @@ def _record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: Measur
             reference: list[int] | None, greedy: bool, text: str, rank: int) -> dict[str, Any]:
     new = len(m.output_ids)
     rec: dict[str, Any] = {
-        "prompt_id": prompt.id, "prompt_index": index, "group": prompt.group,
+        "prompt_id": prompt.id, "prompt_index": index, "group": prompt.group, "prompt_sha256": prompt_hash(prompt.text),
         "method": method.name, "kind": method.kind, "draft": method.draft, "k": method.k,
         "order": slot, "rank": rank, "prompt_tokens": prompt_tokens, "new_tokens": new,
         "seconds": m.seconds, "tokens_per_s": new / m.seconds if m.seconds > 0 else 0.0,
@@ -544,7 +717,7 @@ def _record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: Measur
         "proposed": None, "accepted": None, "acceptance_rate": None, "proposed_per_position": m.proposed_per_position,
         "accepted_per_position": m.accepted_per_position, "acceptance_by_position": None,
         "committed_tokens": m.committed_tokens, "verifier_passes": m.verifier_passes, "mean_accepted_length": None,
-        "identical": None, "output_ids": m.output_ids, "text": text,
+        "mean_draft_length": None, "identical": None, "output_ids": m.output_ids, "text": text,
     }
     if m.proposed_per_position is not None:
         proposed, accepted = sum(m.proposed_per_position), sum(m.accepted_per_position or [])
@@ -553,6 +726,10 @@ def _record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: Measur
                                            zip(m.accepted_per_position or [], m.proposed_per_position)])
     if m.verifier_passes:
         rec["mean_accepted_length"] = m.committed_tokens / m.verifier_passes
+        if rec["proposed"] is not None:  # the k actually drafted per pass (below k where adaptive k drafts less)
+            rec["mean_draft_length"] = rec["proposed"] / m.verifier_passes
+    if m.compiled_graphs is not None:
+        rec["compiled_graphs"] = m.compiled_graphs
     if greedy and method.kind != HF and reference is not None:
         rec["identical"] = m.output_ids == reference
     return rec
@@ -573,7 +750,8 @@ class _Progress:
 
     @staticmethod
     def _label(m: MethodSpec, multi: bool) -> str:
-        base = {HF_ASSISTED: "assisted", HF_ASSISTED_HEURISTIC: "heuristic", HF_PROMPT_LOOKUP: "lookup"}.get(m.kind, f"k{m.k}")
+        base = {HF_COMPILED: "compiled", HF_ASSISTED: "assisted", HF_ASSISTED_HEURISTIC: "heuristic",
+                HF_PROMPT_LOOKUP: "lookup"}.get(m.kind, f"k{m.k}{'a' if m.adaptive else ''}")
         return f"{m.draft} {base}" if multi and m.draft else base
 
     def add(self, records: Iterable[Mapping[str, Any]], measured: int) -> None:
@@ -649,10 +827,15 @@ def run_eval(
         methods: :class:`MethodSpec` objects or their names (``"hf"``, ``"hf-assisted[self:int8]"``,
             ``"specdec[self:int8,k=4]"``); default: :func:`plan_methods` of ``baselines``, ``draft``
             and ``num_draft_tokens``. ``hf`` is always run: speedups and identity are measured against it.
-        out_dir: where records and reports go; a rerun with the same directory resumes.
+        out_dir: where records and reports go; a rerun with the same directory resumes, and one with
+            settings that change a measurement (``eval_config.json``: model, data set, dtype, device,
+            generation and batch settings, compile settings, warm-up) or other text under a recorded
+            prompt id is refused with a :class:`ResumeError` naming what differs.
         draft: one drafter spec or several (``self:SCHEME``, a local model path, or a registered name).
         num_draft_tokens: one k or several.
-        baselines: among ``hf``, ``hf-assisted``, ``hf-prompt-lookup``.
+        baselines: among ``hf``, ``hf-compiled``, ``hf-assisted``, ``hf-assisted-heuristic``, ``hf-prompt-lookup``.
+            ``hf-compiled`` compiles before timing (even with ``warmup=False``); ``summary.json`` reports
+            its ``compile_seconds``, and every method's ``speedup_vs_hf_compiled``.
         max_new_tokens, do_sample, temperature, top_p, seed: generation settings for every method
             (greedy by default; each prompt gets seed ``seed + index`` when sampling).
         chat: feed prompts through the tokenizer's chat template.
@@ -663,6 +846,8 @@ def run_eval(
             transformers) are left out with a warning.
         compile_drafter: run specdec's model drafters through ``torch.compile`` (compiled in the warm-up).
         warmup: one short untimed generation per method before the first timed one.
+        adaptive: also run each specdec method with adaptive draft length (up to its k); each record and
+            summary entry has ``mean_draft_length`` (draft tokens proposed per verifier pass).
         progress: tqdm bar on stderr; plots: write PNG plots.
         overwrite: discard the results already in ``out_dir`` instead of resuming.
         model_name, dataset, config: recorded in ``summary.json`` (``model_name`` and ``dataset``
@@ -674,6 +859,7 @@ def run_eval(
     """
     from specdec.eval.report import EvalReport, build_summary, write_outputs
 
+    out = check_out_dir(out_dir)  # before any work: a file or an unwritable place fails now, in one line
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if max_new_tokens < 1:
@@ -690,30 +876,40 @@ def run_eval(
         methods = _batchable(methods)
     settings = EvalSettings(max_new_tokens, do_sample, temperature, top_p, seed, chat, prompt_lookup_num_tokens,
                             compile_drafter)
+    state = _state(model)
+    device = torch.device(getattr(model, "device", "cpu"))
+    # every setting that changes a measurement: a resume must match all of them (RESUME_KEYS)
     run_config = {
         "model": model_name or getattr(model, "name_or_path", None) or type(model).__name__,
         "dataset": dataset,
+        "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
+        # one process: its device; several: each has its own (cuda:0, cuda:1), so their common type
+        "device": str(device) if state.num_processes == 1 else device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "num_processes": state.num_processes,
         "max_new_tokens": max_new_tokens, "do_sample": do_sample,
         "temperature": temperature if do_sample else None, "top_p": top_p if do_sample else None,
         "seed": seed if do_sample else None, "chat_template": bool(chat and getattr(tokenizer, "chat_template", None)),
         "prompt_lookup_num_tokens": prompt_lookup_num_tokens if any(m.kind == HF_PROMPT_LOOKUP for m in methods) else None,
         "batch_size": batch_size,
         "compile_drafter": compile_drafter,
+        "warmup": warmup,
     }
 
-    out = Path(out_dir)
-    state = _state(model)
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         if overwrite:
             _clear(out)
     state.wait_for_everyone()
-    _check_config(out, run_config)  # every process, so all of them stop alike
+    recorded = load_records(out)
+    # every process checks, so all of them stop alike
+    write_config = _check_config(out, run_config)
+    _check_prompts(out, prompts, recorded)
     state.wait_for_everyone()
     if state.is_main_process:
-        (out / CONFIG_FILE).write_text(json.dumps(run_config, indent=2) + "\n")
+        (out / CONFIG_FILE).write_text(json.dumps(write_config, indent=2) + "\n")
 
-    done = {(r["prompt_id"], r["method"]): r for r in load_records(out)}
+    done = {(r["prompt_id"], r["method"]): r for r in recorded}
     with state.split_between_processes(list(enumerate(prompts))) as mine:
         mine = list(mine)
     batches = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
@@ -726,7 +922,7 @@ def run_eval(
     state.wait_for_everyone()
 
     config_out = {**run_config, **dict(config or {}), "num_processes": state.num_processes,
-                  "device": str(getattr(model, "device", "cpu")), "dtype": str(getattr(model, "dtype", "")).replace("torch.", "")}
+                  "device": str(device), "dtype": run_config["dtype"]}
     if state.is_main_process:  # gather: every process's shard is complete after the barrier above
         records = load_records(out)
         report = EvalReport(build_summary(records, methods, prompts, config_out), records, out)
@@ -742,7 +938,7 @@ def _encode_batch(tokenizer: Any, prompts: Sequence[Prompt], chat: bool, device:
     rows = [encode_prompt(tokenizer, p.text, chat)[0] for p in prompts]
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device="cpu")  # filled on the host, then moved
     mask = torch.zeros_like(ids)
     for b, row in enumerate(rows):
         ids[b, width - len(row):], mask[b, width - len(row):] = row, 1
@@ -754,22 +950,40 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     """Run the pending (prompt, method) pairs of this process, writing each batch's records as it finishes.
 
     ``todo`` holds batches: ``(prompts [(index, Prompt)], pending methods)``; a batch of one is the
-    usual per-prompt run. Every method gets the same left-padded batch.
+    usual per-prompt run. Every method gets the same left-padded batch. ``hf-compiled`` leaves the model
+    as it found it (transformers keeps the compiled call on the model: it is removed afterwards).
     """
+    with _restore_compile_state(model):
+        _evaluate_pending(model, tokenizer, todo, methods, done, settings, out, state, warmup, progress)
+
+
+def _evaluate_pending(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSpec], done: Mapping,
+                      settings: EvalSettings, out: Path, state: Any, warmup: bool, progress: bool) -> None:
     needed = [m for m in methods if any(m in t[1] for t in todo)]
     runners = build_runners(needed, model, tokenizer, settings.prompt_lookup_num_tokens, settings.compile_drafter)
     gen_kwargs = settings.generate_kwargs(tokenizer)
     device = getattr(model, "device", torch.device("cpu"))
+    encoded = [_encode_batch(tokenizer, [p for _, p in batch], settings.chat, device) for batch, _ in todo]
+    warm_seed = settings.seed if settings.do_sample else None
+
+    compiled = runners.get(HF_COMPILED)
+    if isinstance(compiled, _CompiledRunner):
+        mine = [e for e, (_, pending) in zip(encoded, todo) if compiled.method in pending]
+        # one static cache length for the whole run: every decode step has the same shapes, nothing recompiles
+        compiled.configure(max(ids.shape[1] for ids, _ in mine) + settings.max_new_tokens)
+        # compiled now, warm-up or not: its compile time is reported apart, never inside a timed call
+        compiled.compile(mine, gen_kwargs, warm_seed)
 
     if warmup:  # the first calls pay for allocations, kernel selection, lazy imports: keep them out of the timings
-        ids, mask = _encode_batch(tokenizer, [p for _, p in todo[0][0]], settings.chat, device)
+        ids, mask = encoded[0]
         if settings.compile_drafter:  # every input shape class compiled now, not inside a timed call
             for spec in {id(r.spec): r.spec for r in runners.values() if r.spec is not None}.values():
                 if hasattr(spec.drafter, "prime"):
                     spec.drafter.prime()
         for m in needed:
-            runners[m.name](ids, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, settings.max_new_tokens)},
-                            settings.seed if settings.do_sample else None, mask)
+            if m.kind != HF_COMPILED:  # warmed up by its compile above
+                runners[m.name](ids, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, settings.max_new_tokens)},
+                                warm_seed, mask)
 
     pairs = sum(1 for batch, pending in todo for _, p in batch for m in pending if (p.id, m.name) not in done)
     bar = _Progress(pairs, methods, progress, state.process_index, state.num_processes)
@@ -779,10 +993,13 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     try:
         with path.open("a") as sink:
             for number, (batch, pending) in enumerate(todo):
-                prompts = [p for _, p in batch]
-                ids, mask = _encode_batch(tokenizer, prompts, settings.chat, device)
+                ids, mask = encoded[number]
                 seed = settings.seed + batch[0][0] if settings.do_sample else None
                 measured = {m.name: (slot, runners[m.name](ids, gen_kwargs, seed, mask)) for slot, m in enumerate(pending)}
+                graphs = measured[HF_COMPILED][1][0].compiled_graphs if HF_COMPILED in measured else None
+                if graphs:  # recorded too (compiled_graphs); should not happen with one static cache length
+                    warnings.warn(f"hf-compiled compiled {graphs} graph(s) inside a timed call (batch of prompt "
+                                  f"{batch[0][1].id}): its tokens/s include that compile time", stacklevel=2)
                 records = []
                 for b, (index, prompt) in enumerate(batch):
                     ref = measured[HF][1][b].output_ids if HF in measured else (done.get((prompt.id, HF)) or {}).get("output_ids")
@@ -798,6 +1015,9 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
                             rec.update(batch_size=len(batch), batch_index=batch[0][0],
                                        batch_seconds=sum(r.seconds for r in results),
                                        batch_new_tokens=sum(len(r.output_ids) for r in results))
+                        if m.kind == HF_COMPILED:
+                            runner = runners[m.name]
+                            rec.update(compile_seconds=runner.compile_seconds, max_cache_len=runner.max_cache_len)
                         records.append(rec)
                 # one write per batch: a run cut short loses at most the batch in flight
                 sink.write("".join(json.dumps(r) + "\n" for r in records))

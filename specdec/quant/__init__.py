@@ -7,9 +7,14 @@
 Schemes (``SCHEMES`` describes each): ``fp32``/``none``, ``bf16``, ``fp16``, ``int8`` (the best
 int8 for the device), ``int8-dynamic``, ``int8-weight-only``, ``int4[:gN]``, ``nf4``, ``fp4``;
 append ``+head`` to keep the LM head unquantized. See docs/quantization.md for measurements.
+
+``weight_error(verifier, scheme)`` says how far a scheme moves the verifier's weights, and flags
+a scheme whose grid the verifier's weights already lie on (``grid_bound``; e.g. ``int4`` on the
+embedded Q4_1 SmolLM2), whose acceptance says nothing about a bf16 checkpoint.
 """
 
 from .core import QuantInfo, available_schemes, quantize, scheme_backend
+from .grid import GRID_BOUND_NOTE, GRID_TOLERANCE, WeightError, dequantize_weight, weight_error
 from .memory import model_bytes
 from .schemes import (
     SCHEMES,
@@ -22,16 +27,21 @@ from .schemes import (
 )
 
 __all__ = [
+    "GRID_BOUND_NOTE",
+    "GRID_TOLERANCE",
     "SCHEMES",
     "ParsedScheme",
     "QuantInfo",
     "SchemeInfo",
     "UnknownSchemeError",
     "UnsupportedSchemeError",
+    "WeightError",
     "available_schemes",
+    "dequantize_weight",
     "model_bytes",
     "parse_scheme",
     "quantize",
     "scheme_backend",
     "scheme_names",
+    "weight_error",
 ]

@@ -114,6 +114,19 @@ def torch_ao_dynamic_int8(copy: nn.Module, targets: list[Target], parsed: Parsed
 # --------------------------------------------------------------------------------------------
 
 
+def int8_per_channel_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8: ``w ~ q * scale[:, None]``.
+
+    Returns the int8 codes [N, K] and the float32 scales [N]. Shared by the int8 weight-only
+    Linear and :func:`specdec.quant.dequantize_weight`, so the reported weight error is the
+    error of the weights the kernel multiplies by.
+    """
+    w = w.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scale
+
+
 class Int8WeightOnlyLinear(nn.Module):
     """y = x @ (int8 W).T * scale[n] (+ b), via ``aten._weight_int8pack_mm``.
 
@@ -124,9 +137,7 @@ class Int8WeightOnlyLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = lin.in_features, lin.out_features
         self.compute_dtype = compute_dtype
-        w = lin.weight.detach().to(device=device, dtype=torch.float32)
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
+        q, scale = int8_per_channel_quantize(lin.weight.detach().to(device))
         self.register_buffer("weight_int8", q.contiguous())
         self.register_buffer("scales", scale.to(compute_dtype))
         self.register_buffer(

@@ -9,6 +9,11 @@
 * ``agreement``: top-1 agreement with the fp32 verifier's greedy next token, over ``positions``
   positions of the verifier's own greedy continuations of the prompts, measured the way a drafter
   runs (prefill the prompt, then one token per forward with a KV cache);
+* ``weight_error`` / ``head_weight_error``: relative weight error ``||W_q - W|| / ||W||`` of the
+  scheme against the verifier's own linear weights (body; LM head), and ``grid_bound``: the
+  verifier's weights already lie on the scheme's grid (:func:`specdec.quant.weight_error`), so
+  its agreement says nothing about a bf16 checkpoint (the embedded SmolLM2 is a Q4_1 GGUF, and
+  ``int4`` with groups of 32 reproduces its weights exactly);
 * ``tokens_per_pass`` (expected tokens per verifier pass for draft length ``k``,
   ``(1 - a**(k+1)) / (1 - a)``), and ``est_speedup``/``best_k``: a cost model using the verifier's
   own 1- and 8-token forward times measured in the same run.
@@ -31,8 +36,11 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from specdec.prompts import PromptFileError, read_prompt_file, round_robin
+
 from . import model_bytes, quantize
-from .schemes import UnknownSchemeError, UnsupportedSchemeError
+from .grid import GRID_BOUND_NOTE, GRID_TOLERANCE, weight_error
+from .schemes import UnknownSchemeError, UnsupportedSchemeError, parse_scheme
 
 DEFAULT_SCHEMES = "fp32,bf16,int8,int8-dynamic,int4,int4+head8"
 
@@ -63,32 +71,15 @@ def load_model(path: str | None = None, *, device: str = "cpu"):
 
 def load_prompts(path: str | None = None, limit: int | None = None) -> list[str]:
     """Prompts from a JSONL file (a ``prompt`` field, or Spec-Bench's ``turns`` list: the first
-    turn), taken round-robin over ``category`` when present; default: :data:`BUILTIN_PROMPTS`."""
+    turn), taken round-robin over ``category`` when present; default: :data:`BUILTIN_PROMPTS`.
+
+    Raises:
+        specdec.prompts.PromptFileError: the file is missing or malformed (one-line message).
+    """
     if path is None:
         prompts = list(BUILTIN_PROMPTS)
         return prompts[:limit] if limit else prompts
-    by_cat: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            text = row.get("prompt")
-            if text is None and row.get("turns"):
-                text = row["turns"][0]
-            if not text:
-                continue
-            by_cat.setdefault(str(row.get("category", "")), []).append(text)
-    # round-robin over categories so a few prompts still cover several kinds of text
-    out: list[str] = []
-    queues = [list(v) for v in by_cat.values()]
-    while any(queues) and (limit is None or len(out) < limit):
-        for q in queues:
-            if q and (limit is None or len(out) < limit):
-                out.append(q.pop(0))
-    if not out:
-        raise ValueError(f"no prompts found in {path} (expected a 'prompt' or 'turns' field per line)")
-    return out
+    return [r.text for r in round_robin(read_prompt_file(path), limit)]
 
 
 def _encode(tokenizer, prompt: str) -> torch.Tensor:
@@ -120,6 +111,11 @@ class SchemeResult:
     agreement: float
     positions: int
     quantize_s: float
+    weight_error: float | None = None
+    stored_weight_error: float | None = None
+    head_weight_error: float | None = None
+    grid_bound: bool = False
+    grid_note: str = ""
     tokens_per_pass: dict[int, float] = field(default_factory=dict)
     best_k: int | None = None
     est_speedup: float | None = None
@@ -230,10 +226,25 @@ def quant_report(
     """Measure each scheme's size, speed and agreement against ``model`` (see module docstring).
 
     Returns ``{"schemes": [row, ...], "skipped": [{"scheme", "error"}], "verifier": {...},
-    "positions": n, "ctx": ctx, "repeats": repeats, "torch": version, "threads": n}``.
-    A scheme that is unknown or unsupported on the device is reported under ``skipped``.
+    "positions": n, "ctx": ctx, "repeats": repeats, "grid_tolerance": t, "torch": version,
+    "threads": n}``; each row is a :class:`SchemeResult` as a dict (``grid_bound``: the
+    verifier's weights lie on the scheme's grid, explained in ``grid_note``). A scheme that is
+    unknown (found before any work) or unsupported on the device is reported under ``skipped``.
+
+    Raises:
+        ValueError: ``positions``, ``ctx``, ``repeats`` or ``max_k`` is below 1.
     """
+    _check_sizes(positions=positions, ctx=ctx, repeats=repeats, max_k=max_k)
     log = log or (lambda *_: None)
+    skipped = []
+    known = []
+    for s in schemes:  # unknown names are known before the references cost a minute
+        try:
+            parse_scheme(s)
+            known.append(s)
+        except UnknownSchemeError as e:
+            skipped.append({"scheme": s, "error": str(e)})
+            log(f"skip {s}: {e}")
     model.eval()
     dev = next(model.parameters()).device if device is None else torch.device(device)
     refs = _greedy_references(model, tokenizer, prompts, positions)
@@ -241,8 +252,7 @@ def quant_report(
 
     drafts: dict[str, nn.Module] = {}
     meta: dict[str, dict[str, Any]] = {}
-    skipped = []
-    for s in schemes:
+    for s in known:
         try:
             t0 = time.perf_counter()
             q = quantize(model, s, device=dev)
@@ -253,12 +263,16 @@ def quant_report(
             continue
         agreement, n = measure_agreement(q, refs)
         info = q.specdec_quant
+        err = weight_error(model, s)
         meta[s] = dict(
             scheme=s, backend=info.backend, bytes=model_bytes(q), added_bytes=model_bytes(q, exclude=model),
-            agreement=agreement, positions=n, quantize_s=qs,
+            agreement=agreement, positions=n, quantize_s=qs, weight_error=err.weight_error,
+            stored_weight_error=err.stored_weight_error, head_weight_error=err.head_weight_error,
+            grid_bound=err.grid_bound, grid_note=err.note,
         )
         drafts[s] = q
-        log(f"{s}: backend {info.backend}, agreement {agreement:.3f} over {n}, quantized in {qs:.1f}s")
+        log(f"{s}: backend {info.backend}, agreement {agreement:.3f} over {n}, weight error "
+            f"{_pct(err.weight_error)}{' (grid-bound)' if err.grid_bound else ''}, quantized in {qs:.1f}s")
 
     seq = _context(refs, ctx, dev)
     timings = _time_rounds({"__verifier__": model, **drafts}, seq, ctx, repeats)
@@ -281,21 +295,33 @@ def quant_report(
         "positions": sum(c.shape[1] for _, c in refs),
         "ctx": ctx,
         "repeats": repeats,
+        "grid_tolerance": GRID_TOLERANCE,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}%"
+
+
 def format_table(report: dict[str, Any]) -> str:
-    """A Markdown table of a :func:`quant_report` result."""
+    """A Markdown table of a :func:`quant_report` result.
+
+    ``weight err`` is the relative weight error of the body's linears against the verifier,
+    ``head err`` the LM head's; ``grid`` marks a grid-bound scheme, explained under the table.
+    """
     lines = [
-        "| scheme | backend | bytes (MB) | added (MB) | ms/token | ms/8 tokens | agreement | tokens/pass k=4 | est. speedup (best k) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| scheme | backend | bytes (MB) | added (MB) | ms/token | ms/8 tokens | agreement | weight err | head err "
+        "| grid | tokens/pass k=4 | est. speedup (best k) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["schemes"]:
         lines.append(
             f"| {r['scheme']} | {r['backend']} | {r['bytes'] / 1e6:.1f} | {r['added_bytes'] / 1e6:.1f} | "
             f"{r['ms_per_token']:.1f} | {r['ms_per_8_tokens']:.1f} | {r['agreement']:.3f} | "
+            f"{_pct(r.get('weight_error'))} | {_pct(r.get('head_weight_error'))} | "
+            f"{'GRID-BOUND' if r.get('grid_bound') else '-'} | "
             f"{r['tokens_per_pass'][4]:.2f} | {r['est_speedup']:.2f} (k={r['best_k']}) |"
         )
     v = report["verifier"]
@@ -305,9 +331,20 @@ def format_table(report: dict[str, Any]) -> str:
         f"ctx {report['ctx']}, median of {report['repeats']} interleaved rounds, "
         f"torch {report['torch']}, threads: {report['threads']}"
     )
+    bound = [r["scheme"] for r in report["schemes"] if r.get("grid_bound")]
+    if bound:
+        lines.append(f"GRID-BOUND {', '.join(bound)}: {GRID_BOUND_NOTE} "
+                     f"(weight error <= {report.get('grid_tolerance', GRID_TOLERANCE):g})")
     for s in report["skipped"]:
         lines.append(f"skipped {s['scheme']}: {s['error']}")
     return "\n".join(lines)
+
+
+def _check_sizes(*, positions: int, ctx: int, repeats: int, max_k: int) -> None:
+    """One-line ValueError for a count that cannot work (before any reference is generated)."""
+    for name, value in (("positions", positions), ("ctx", ctx), ("repeats", repeats), ("max_k", max_k)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,12 +371,58 @@ def add_quant_report_arguments(parser: argparse.ArgumentParser) -> argparse.Argu
     return parser
 
 
-def run_quant_report(args: argparse.Namespace) -> int:
-    """Run the report described by parsed ``args``; print a table (and JSON with ``--json``)."""
+def check_quant_report_arguments(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """Check parsed ``args`` before any model is loaded; return ``(schemes, prompts)``.
+
+    Raises ``SystemExit`` with a one-line ``error: ...`` message for a count below 1
+    (``--positions``, ``--ctx``, ``--repeats``, ``--num-prompts``), an empty or unknown
+    ``--schemes`` entry, a bad ``--device``, a ``--model`` that is not a local model, or a missing
+    or malformed ``--prompts`` file.
+    """
+    for flag, attr in (("--positions", "positions"), ("--ctx", "ctx"), ("--repeats", "repeats"),
+                       ("--num-prompts", "num_prompts")):
+        value = getattr(args, attr, 1)
+        if value is not None and value < 1:
+            raise SystemExit(f"error: {flag} must be >= 1, got {value}")
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()]
+    if not schemes:
+        raise SystemExit("error: --schemes is empty; give comma-separated schemes, e.g. int8,int4+head8")
+    for s in schemes:
+        try:
+            parse_scheme(s)
+        except UnknownSchemeError as e:
+            raise SystemExit(f"error: --schemes: {e}") from None
+    try:
+        torch.device(args.device)
+    except (RuntimeError, ValueError, TypeError):
+        raise SystemExit(f"error: --device {args.device!r} is not a device (e.g. cpu, cuda, cuda:1)") from None
+    if args.model is not None:  # the embedded default is checked when it loads
+        from specdec.models import ModelNotFoundError, resolve_model_source
+
+        try:
+            resolve_model_source(args.model)
+        except ModelNotFoundError as e:
+            raise SystemExit(f"error: --model: {e}") from None
+    try:
+        prompts = load_prompts(args.prompts, limit=getattr(args, "num_prompts", None))
+    except PromptFileError as e:
+        raise SystemExit(f"error: --prompts: {e}") from None
+    return schemes, prompts
+
+
+def run_quant_report(args: argparse.Namespace) -> int:
+    """Run the report described by parsed ``args``; print a table (and JSON with ``--json``).
+
+    Arguments are checked (:func:`check_quant_report_arguments`) before the model loads.
+    """
+    schemes, prompts = check_quant_report_arguments(args)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731  (stdout stays parseable)
-    model, tok = load_model(args.model, device=args.device)
-    prompts = load_prompts(args.prompts, limit=getattr(args, "num_prompts", None))
+    from specdec.models import ModelNotFoundError
+
+    try:
+        model, tok = load_model(args.model, device=args.device)
+    except ModelNotFoundError as e:
+        raise SystemExit(f"error: {e}") from None
     report = quant_report(
         model, tok, schemes, prompts, positions=args.positions, ctx=getattr(args, "ctx", 200),
         repeats=getattr(args, "repeats", 15), log=log,

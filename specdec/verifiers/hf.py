@@ -262,6 +262,7 @@ class CausalLMRunner:
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute)."""
+        rows = rows.to(self.valid.device)
         with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
             for layer in self.cache.layers:
                 layer.batch_select_indices(rows)

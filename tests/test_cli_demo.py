@@ -1,0 +1,96 @@
+"""`specdec demo` says which drafter it used and why its acceptance is what it is.
+
+Runs the real demo end to end on tiny local models: one whose projections lie on an int4 g32 grid
+(as the embedded Q4_1 SmolLM2's do) and a plain random one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.cli import drafter_summary, main
+from test_quant_grid import grid_snapped_llama, tiny_llama
+
+SUMMARY_KEYS = {"prompts", "identical", "speedup", "acceptance_rate", "mean_accepted_length", "plain_tokens_per_s",
+                "spec_tokens_per_s", "new_tokens", "num_draft_tokens", "draft", "per_prompt"}
+DRAFT_KEYS = {"draft_description", "draft_note", "draft_weight_error", "draft_head_weight_error", "draft_grid_bound"}
+
+
+def _save(model, path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<eos>"] + [f"w{i}" for i in range(model.config.vocab_size - 2)]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def snapped_dir(tmp_path_factory):
+    return _save(grid_snapped_llama(), tmp_path_factory.mktemp("snapped"))
+
+
+@pytest.fixture(scope="module")
+def plain_dir(tmp_path_factory):
+    return _save(tiny_llama(), tmp_path_factory.mktemp("plain"))
+
+
+def _demo(model_dir, capsys, *extra):
+    assert main(["demo", "--model", model_dir, "--prompts", "1", "--max-new-tokens", "6", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_demo_says_the_default_drafter_is_grid_bound(snapped_dir, capsys):
+    out = _demo(snapped_dir, capsys)
+    assert "drafter self:int4+head8: a quantized copy of the verifier (int4:g32+head8); " \
+           "relative weight error against the verifier 0.00% over 14 linear layers" in out
+    assert "NOTE: its weights coincide with the verifier's storage grid" in out
+    assert "not representative of a bf16 model" in out and "--draft self:int8 or prompt-lookup" in out
+
+
+def test_demo_on_a_plain_model_is_not_grid_bound(plain_dir, capsys):
+    out = _demo(plain_dir, capsys)
+    line = next(l for l in out.splitlines() if l.startswith("drafter self:int4+head8:"))
+    assert "0.00%" not in line.split("over")[0]
+    assert "NOTE" not in out and "storage grid" not in out
+    assert "acceptance reflects how far quantization moves the verifier's weights" in out
+
+
+def test_demo_json_adds_drafter_keys_and_keeps_the_others(snapped_dir, capsys):
+    data = json.loads(_demo(snapped_dir, capsys, "--json").strip().splitlines()[-1])
+    assert set(data) == SUMMARY_KEYS | DRAFT_KEYS
+    assert data["draft"] == "self:int4+head8" and data["prompts"] == 1
+    assert data["draft_grid_bound"] is True and data["draft_weight_error"] <= 1e-6
+    assert 0 < data["draft_head_weight_error"] < 0.05  # the head is int8, off the grid
+    assert "storage grid" in data["draft_note"]
+
+
+def test_demo_json_for_a_grid_free_drafter(snapped_dir, capsys):
+    data = json.loads(_demo(snapped_dir, capsys, "--json", "--draft", "prompt-lookup").strip().splitlines()[-1])
+    assert data["draft"] == "prompt-lookup"
+    assert data["draft_grid_bound"] is None and data["draft_weight_error"] is None
+    assert data["draft_description"].startswith("prompt-lookup: copies n-grams")
+
+
+@pytest.mark.parametrize(
+    "draft, start, grid_bound",
+    [
+        ("self:int4", "self:int4: a quantized copy of the verifier (int4:g32)", True),
+        ("self:int8", "self:int8: a quantized copy of the verifier (int8)", False),
+        ("composite", "composite: prompt lookup where the text repeats, else a quantized copy of the verifier (int8)",
+         False),
+        ("composite:int4+head8", "composite:int4+head8: prompt lookup where the text repeats", True),
+        ("layer-skip:1", "layer-skip:1: the verifier's first 1 layers", None),
+        ("/some/model", "/some/model: a separate draft model", None),
+    ],
+)
+def test_drafter_summary(draft, start, grid_bound):
+    s = drafter_summary(draft, grid_snapped_llama())
+    assert s["description"].startswith(start) and s["grid_bound"] is grid_bound
+    assert s["note"] and "\n" not in s["description"] + s["note"]
