@@ -22,8 +22,17 @@ def test_demo_json_contract(capsys):
     assert data["identical"] == 2
     assert data["speedup"] > 0 and 0 <= data["acceptance_rate"] <= 1
     assert data["mean_accepted_length"] >= 1
-    # the default drafter's int4 g32 grid is the embedded Q4_1 model's own: the summary must say so
-    assert data["draft"] == "self:int4+head8"
+    # the default drafter is grid-free: an int8 copy is off the embedded Q4_1 model's storage grid
+    assert data["draft"] == "composite:int8"
+    assert data["draft_grid_bound"] is False and 1e-3 < data["draft_weight_error"] < 0.05
+    assert "storage grid" not in data["draft_note"]
+
+
+@pytest.mark.slow
+def test_demo_says_when_its_drafter_is_grid_bound(capsys):
+    """int4 in groups of 32 is the embedded GGUF's own grid: the demo must say its acceptance is not representative."""
+    assert main(["demo", "--json", "--prompts", "1", "--max-new-tokens", "8", "--draft", "self:int4+head8"]) == 0
+    data = _last_json(capsys)
     assert data["draft_grid_bound"] is True and data["draft_weight_error"] <= 1e-6
     assert "storage grid" in data["draft_note"] and "self:int8" in data["draft_note"]
 

@@ -47,7 +47,7 @@ def _demo(model_dir, capsys, *extra):
 
 
 def test_demo_says_the_default_drafter_is_grid_bound(snapped_dir, capsys):
-    out = _demo(snapped_dir, capsys)
+    out = _demo(snapped_dir, capsys, "--draft", "self:int4+head8")
     assert "drafter self:int4+head8: a quantized copy of the verifier (int4:g32+head8); " \
            "relative weight error against the verifier 0.00% over 14 linear layers" in out
     assert "NOTE: its weights coincide with the verifier's storage grid" in out
@@ -55,7 +55,7 @@ def test_demo_says_the_default_drafter_is_grid_bound(snapped_dir, capsys):
 
 
 def test_demo_on_a_plain_model_is_not_grid_bound(plain_dir, capsys):
-    out = _demo(plain_dir, capsys)
+    out = _demo(plain_dir, capsys, "--draft", "self:int4+head8")
     line = next(l for l in out.splitlines() if l.startswith("drafter self:int4+head8:"))
     assert "0.00%" not in line.split("over")[0]
     assert "NOTE" not in out and "storage grid" not in out
@@ -63,7 +63,7 @@ def test_demo_on_a_plain_model_is_not_grid_bound(plain_dir, capsys):
 
 
 def test_demo_json_adds_drafter_keys_and_keeps_the_others(snapped_dir, capsys):
-    data = json.loads(_demo(snapped_dir, capsys, "--json").strip().splitlines()[-1])
+    data = json.loads(_demo(snapped_dir, capsys, "--json", "--draft", "self:int4+head8").strip().splitlines()[-1])
     assert set(data) == SUMMARY_KEYS | DRAFT_KEYS
     assert data["draft"] == "self:int4+head8" and data["prompts"] == 1
     assert data["draft_grid_bound"] is True and data["draft_weight_error"] <= 1e-6

@@ -407,7 +407,8 @@ class _Runner:
 class _CompiledRunner(_Runner):
     """``hf-compiled``: ``model.generate`` with a static KV cache, whose decode step transformers compiles.
 
-    transformers' own mechanism is used: with ``cache_implementation="static"`` and a ``compile_config``,
+    On CUDA transformers' default compile mode (``reduce-overhead``, CUDA graphs) is used; elsewhere
+    ``mode="default"``, the faster of the two without CUDA graphs. transformers' own mechanism is used: with ``cache_implementation="static"`` and a ``compile_config``,
     ``generate`` runs the prefill eagerly and each decode step through ``model.get_compiled_call`` (a
     ``torch.compile`` of the model's ``__call__``, kept on the model as ``_compiled_call``); the model's
     ``forward`` is never replaced. It does so by itself on CUDA/XPU; elsewhere (CPU) ``CompileConfig``'s
@@ -426,6 +427,10 @@ class _CompiledRunner(_Runner):
         from transformers import CompileConfig
 
         config = CompileConfig()  # transformers' defaults: inductor, mode="reduce-overhead", not fullgraph
+        if self.model.device.type != "cuda":
+            # "reduce-overhead" means CUDA graphs; without them it is slower than eager on a CPU. Measured on
+            # SmolLM2, 128 tokens, static cache: eager 5.4 s, reduce-overhead 6.3 s, default mode 5.3 s.
+            config.mode = "default"
         if self.model.device.type not in _AUTO_COMPILE_DEVICES:
             config._compile_all_devices = True  # generate compiles on accelerators only unless told so
         self.max_cache_len = max_cache_len
