@@ -80,6 +80,8 @@ class SpeculativeModel:
             self.drafter.compile()
         self.num_draft_tokens = num_draft_tokens
         self.policy = AdaptiveDraftLength(max_k=num_draft_tokens) if adaptive else None
+        # the clock-free cost model of seeded adaptive calls: fixed by the two models, so computed once
+        self._draft_cost_ratio = _draft_cost_ratio(self.drafter, model) if adaptive else None
         self.last_stats: SpecStats | None = None
 
     def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the verifier
@@ -151,7 +153,7 @@ class SpeculativeModel:
         if self.policy is None:
             return k
         if generator is not None:  # reproducible: no wall-clock state, nothing carried over from other calls
-            return AdaptiveDraftLength(max_k=k, timed=False, draft_cost_ratio=_draft_cost_ratio(self.drafter, self.model))
+            return AdaptiveDraftLength(max_k=k, timed=False, draft_cost_ratio=self._draft_cost_ratio)
         self.policy.max_k = k  # the timing and acceptance estimates carry over; only the bound is this call's
         return self.policy
 
@@ -174,15 +176,12 @@ class SpeculativeModel:
 
 def _draft_cost_ratio(drafter: Drafter, verifier: torch.nn.Module) -> float:
     """A clock-free guess of one draft token's cost in verifier passes: the drafter's bytes over the verifier's."""
+    from specdec.quant.memory import model_bytes  # counts packed int4/int8 weights at their real size
+
     draft_model = getattr(drafter, "model", None)
     if not isinstance(draft_model, torch.nn.Module):
         return 0.02  # no model (prompt lookup): drafting is nearly free
-
-    def size(module: torch.nn.Module) -> int:
-        tensors = {t.data_ptr(): t for t in (*module.parameters(), *module.buffers())}  # shared weights once
-        return sum(t.numel() * t.element_size() for t in tensors.values())
-
-    return min(1.0, max(0.02, size(draft_model) / max(size(verifier), 1)))
+    return min(1.0, max(0.02, model_bytes(draft_model) / max(model_bytes(verifier), 1)))
 
 
 def _check_k(k: int) -> None:

@@ -99,7 +99,9 @@ def _draft_scheme(draft: str) -> str | None:
     if draft.startswith("self:"):
         return draft.split(":", 1)[1]
     if draft == "composite":
-        return "int8"  # resolve_drafter's default
+        from specdec.drafters import COMPOSITE_DEFAULT_SCHEME  # imports torch: not when the CLI starts
+
+        return COMPOSITE_DEFAULT_SCHEME
     if draft.startswith("composite:"):
         return draft.split(":", 1)[1]
     return None

@@ -96,12 +96,7 @@ class _Rows:
 
     def retire(self) -> list[int]:
         """Drop finished rows from ``active``; return the positions (in the old active list) that stay."""
-        finished = {r for r in self.active if len(self.rows[r]) >= self.setup.max_length}
-        if self.setup.has_eos_criteria:
-            finished |= {r for r in self.active if self.stopped_at[r] is not None}
-        elif all(s is not None for s in self.stopped_at):
-            last = max(self.stopped_at)
-            finished |= {r for r in self.active if len(self.rows[r]) >= last}
+        finished = {r for r in self.active if len(self.rows[r]) >= self.setup.max_length or self._complete(r)}
         stay = [i for i, r in enumerate(self.active) if r not in finished]
         self.active = [self.active[i] for i in stay]
         return stay

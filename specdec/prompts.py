@@ -24,7 +24,7 @@ from typing import Any
 
 #: fields that may hold the text, in order of preference
 TEXT_FIELDS = ("prompt", "turns")
-#: fields that may name the prompt's group, in order of preference (as specdec.eval.datasets)
+#: fields that may name the prompt's group, in order of preference (specdec.eval.datasets uses these too)
 GROUP_FIELDS = ("category", "task", "group")
 ID_FIELDS = ("question_id", "id", "prompt_id")
 
@@ -50,7 +50,8 @@ class PromptRecord:
     line: int
 
 
-def _first_text(value: Any) -> str | None:
+def first_text(value: Any) -> str | None:
+    """A text field's prompt: the string itself, or the first turn of a list (Spec-Bench ``turns``)."""
     if isinstance(value, (list, tuple)):
         value = value[0] if value else None
     return value if isinstance(value, str) else None
@@ -101,7 +102,7 @@ def read_prompt_file(path: str | os.PathLike) -> list[PromptRecord]:
             raise PromptFileError(f"{name}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(row, dict):
             raise PromptFileError(f"{name}:{n}: expected a JSON object with a 'prompt' field, got {_json_type(row)}")
-        value = next((_first_text(row[f]) for f in TEXT_FIELDS if f in row and _first_text(row[f]) is not None), None)
+        value = next((first_text(row[f]) for f in TEXT_FIELDS if f in row and first_text(row[f]) is not None), None)
         if value is None or not value.strip():
             raise PromptFileError(f"{name}:{n} has no non-empty 'prompt' (or 'turns') field")
         group = next((str(row[f]) for f in GROUP_FIELDS if row.get(f) not in (None, "")), None)

@@ -12,6 +12,9 @@ from specdec.drafters.composite import CompositeDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
+#: the self-copy behind a bare ``"composite"`` drafter
+COMPOSITE_DEFAULT_SCHEME = "int8"
+
 __all__ = [
     "CompositeDrafter",
     "LayerSkipDrafter",
@@ -52,7 +55,7 @@ def resolve_drafter(
     if draft == "prompt-lookup":
         return PromptLookupDrafter()
     if isinstance(draft, str) and (draft == "composite" or draft.startswith("composite:")):
-        scheme = draft.split(":", 1)[1] if ":" in draft else "int8"
+        scheme = draft.split(":", 1)[1] if ":" in draft else COMPOSITE_DEFAULT_SCHEME
         return CompositeDrafter(resolve_drafter(f"self:{scheme}", verifier))
     if isinstance(draft, str) and draft.startswith("layer-skip:"):
         try:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from specdec.prompts import GROUP_FIELDS, ID_FIELDS, TEXT_FIELDS, first_text
+
 #: Spec-Bench question ids 81-160 are the 80 MT-Bench questions; Spec-Bench reports them as one group.
 MT_BENCH_IDS = range(81, 161)
 MT_BENCH_GROUP = "mt_bench"
@@ -26,9 +28,6 @@ DEFAULT_GROUP = "prompts"
 SPEC_BENCH_ENV = "SPECDEC_SPEC_BENCH"
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
-_TEXT_COLUMNS = ("prompt", "turns")
-_GROUP_COLUMNS = ("category", "task", "group")
-_ID_COLUMNS = ("question_id", "id", "prompt_id")
 
 
 class DatasetError(ValueError):
@@ -109,12 +108,6 @@ def load_rows(source: str | os.PathLike, *, split: str = "train", config: str | 
     return data
 
 
-def _first_text(value: Any) -> str | None:
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    return value if isinstance(value, str) else None
-
-
 def rows_to_prompts(
     rows: Iterable[dict[str, Any]],
     columns: Sequence[str],
@@ -125,22 +118,22 @@ def rows_to_prompts(
 ) -> list[Prompt]:
     """Normalise rows of any supported schema into :class:`Prompt` objects."""
     columns = list(columns)
-    text_col = prompt_column or next((c for c in _TEXT_COLUMNS if c in columns), None)
+    text_col = prompt_column or next((c for c in TEXT_FIELDS if c in columns), None)
     if text_col is None or text_col not in columns:
         wanted = repr(prompt_column) if prompt_column else "'prompt' (or Spec-Bench 'turns')"
         raise DatasetError(f"{source} has no {wanted} column; its columns are {columns}. Name one with --prompt-column.")
     if group_column is not None and group_column not in columns:
         raise DatasetError(f"{source} has no group column {group_column!r}; its columns are {columns}")
-    group_col = group_column or next((c for c in _GROUP_COLUMNS if c in columns), None)
-    id_col = next((c for c in _ID_COLUMNS if c in columns), None)
+    group_col = group_column or next((c for c in GROUP_FIELDS if c in columns), None)
+    id_col = next((c for c in ID_FIELDS if c in columns), None)
     spec_bench = text_col == "turns" and "question_id" in columns and group_column is None
 
     prompts, seen = [], set()
     for n, row in enumerate(rows):
-        text = _first_text(row.get(text_col))
+        text = first_text(row.get(text_col))
         if text is None:
             # JSON Lines files may mix schemas (a 'prompt' row in a Spec-Bench file): fall back per row
-            text = next((t for c in _TEXT_COLUMNS if c in row and (t := _first_text(row[c])) is not None), None)
+            text = next((t for c in TEXT_FIELDS if c in row and (t := first_text(row[c])) is not None), None)
         if text is None or not text.strip():
             raise DatasetError(f"{source}: row {n + 1} has no non-empty {text_col!r} text")
         pid = str(row[id_col]) if id_col is not None and row.get(id_col) is not None else str(n)
@@ -153,7 +146,7 @@ def rows_to_prompts(
             group = str(row[group_col])
         else:
             group = DEFAULT_GROUP
-        prompts.append(Prompt(id=pid, group=group, text=text, reference=_first_text(row.get("reference"))))
+        prompts.append(Prompt(id=pid, group=group, text=text, reference=first_text(row.get("reference"))))
     if not prompts:
         raise DatasetError(f"{source} holds no prompts")
     return prompts

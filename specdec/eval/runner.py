@@ -407,14 +407,15 @@ class _Runner:
 class _CompiledRunner(_Runner):
     """``hf-compiled``: ``model.generate`` with a static KV cache, whose decode step transformers compiles.
 
-    On CUDA transformers' default compile mode (``reduce-overhead``, CUDA graphs) is used; elsewhere
-    ``mode="default"``, the faster of the two without CUDA graphs. transformers' own mechanism is used: with ``cache_implementation="static"`` and a ``compile_config``,
+    transformers' own mechanism is used: with ``cache_implementation="static"`` and a ``compile_config``,
     ``generate`` runs the prefill eagerly and each decode step through ``model.get_compiled_call`` (a
     ``torch.compile`` of the model's ``__call__``, kept on the model as ``_compiled_call``); the model's
     ``forward`` is never replaced. It does so by itself on CUDA/XPU; elsewhere (CPU) ``CompileConfig``'s
     private ``_compile_all_devices`` switch turns it on. Every call gets the same ``max_cache_len`` (the
     longest prompt of the run + ``max_new_tokens``), so every decode step has the same shapes whatever
     the prompt length: one graph per batch size, compiled by :meth:`compile` before any timed call.
+    On CUDA transformers' default compile mode (``reduce-overhead``, CUDA graphs) is used; elsewhere
+    ``mode="default"``, the faster of the two without CUDA graphs.
     """
 
     def __init__(self, method: MethodSpec, model: Any) -> None:
