@@ -2,7 +2,7 @@
 
 Measures the steady state of batched speculative verification with two cache layouts:
 
-(a) ``shared`` -- specdec's :class:`~specdec.verifiers.hf.CausalLMRunner`, used as is: every row
+(a) ``shared`` -- specdec's :class:`~specdec.verifiers.session.CacheSession`, used as is: every row
     writes its block into the same slot range, rejected drafts become holes hidden by the 2-D
     attention mask, position ids are per row, and ``compact()`` gathers the holes out when the
     slots run out (its cost is counted in the pass that triggers it).
@@ -17,7 +17,7 @@ returns the same logits as (a) over ragged steps, including a step where (a) com
 Workload per batch size: random prompts of ragged lengths (left padded; one prefill, copied into a
 fresh cache for every run and not timed), then ``--passes`` verify passes of k+1 = 7 tokens where
 each row keeps ``1 + accepted`` of them, ``accepted`` uniform in 0..6 (seeded, the same sequence for
-both layouts). Slots are sized like the engine sizes them (``specdec.engine.cache_slots``). The two
+both layouts). Slots are sized like the engine sizes them (``specdec.slots.cache_slots``). The two
 layouts are interleaved pass by pass (AB, BA, AB, ... within a run, the order flipped every repeat)
 after a short warm-up, so load from other processes hits both alike. The table gives the median
 over repeats of the mean wall time per pass (forward + keep, compaction included), the ratio b/a
@@ -36,15 +36,15 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from specdec.engine import cache_slots
+from specdec.slots import cache_slots
 from specdec.verifiers.cache import CacheOverflowError
 from specdec.verifiers.hf import CausalLMRunner
+from specdec.verifiers.session import CacheSession
 
 K = 6  # drafts per pass; each verify pass feeds k + 1 tokens per row
 
@@ -143,7 +143,7 @@ class RowPointerRunner:
         return out.logits[:, -1]
 
     @torch.inference_mode()
-    def adopt(self, source: CausalLMRunner, max_len: int) -> None:
+    def adopt(self, source: CacheSession, max_len: int) -> None:
         """Start from ``source``'s freshly prefilled (left padded, hole-free) cache instead of a prefill."""
         width = source.length
         self.cache = RowPointerCache(self.num_layers, max_len)
@@ -226,7 +226,7 @@ def make_workload(vocab: int, batch: int, min_len: int, max_len: int, passes: in
     blocks = torch.randint(1, vocab, (passes, batch, K + 1), generator=g)
     # the engine's max_length: the longest row after prefill's first token and every pass's 1 + accepted
     max_length = width + 1 + int((accepted + 1).sum(dim=0).max())
-    slots = cache_slots(SimpleNamespace(input_ids=ids, max_length=max_length), K)
+    slots = cache_slots(batch, width, max_length, K)
     return Workload(ids, mask, blocks, accepted, slots)
 
 
@@ -241,7 +241,7 @@ class Run:
 LAYOUTS = ("shared", "per-row")
 
 
-def run_pair(model: PreTrainedModel, prefilled: CausalLMRunner, wl: Workload, passes: int | None = None,
+def run_pair(model: PreTrainedModel, prefilled: CacheSession, wl: Workload, passes: int | None = None,
              flip: bool = False) -> dict[str, Run]:
     """Drive both layouts through ``passes`` verify passes (default all) of ``wl`` in lockstep.
 
@@ -249,11 +249,10 @@ def run_pair(model: PreTrainedModel, prefilled: CausalLMRunner, wl: Workload, pa
     after pass ``p`` of the other (order alternating per pass), so CPU contention from other
     processes hits both alike.
     """
-    shared = CausalLMRunner(model)
-    shared.adopt_prompt(prefilled, wl.slots)
+    shared = CausalLMRunner(model).adopt(prefilled, wl.slots)
     per_row = RowPointerRunner(model)
     per_row.adopt(prefilled, wl.slots)
-    runners: dict[str, CausalLMRunner | RowPointerRunner] = {"shared": shared, "per-row": per_row}
+    runners: dict[str, CacheSession | RowPointerRunner] = {"shared": shared, "per-row": per_row}
     n = wl.blocks.shape[2]
     times: dict[str, list[float]] = {k: [] for k in LAYOUTS}
     spans: dict[str, list[int]] = {k: [] for k in LAYOUTS}
@@ -305,8 +304,7 @@ class Row:
 
 def measure(name: str, model: PreTrainedModel, vocab: int, batch: int, args: argparse.Namespace) -> Row:
     wl = make_workload(vocab, batch, args.min_prompt, args.max_prompt, args.passes, args.seed + batch)
-    prefilled = CausalLMRunner(model)
-    prefilled.prefill(wl.input_ids, wl.attention_mask, wl.input_ids.shape[1])
+    prefilled, _ = CausalLMRunner(model).prefill(wl.input_ids, wl.attention_mask, wl.input_ids.shape[1])
     row = Row(name, batch, wl.input_ids.shape[1], wl.slots, args.passes)
     per_pass: dict[str, list[list[float]]] = {"shared": [], "per-row": []}
     run_pair(model, prefilled, wl, passes=min(3, args.passes))  # warm-up
@@ -337,9 +335,11 @@ def check_equivalence(seed: int = 0, steps: int = 10) -> float:
         model = tiny_llama(seed, attn)
         wl = make_workload(1000, 4, 3, 14, steps, seed)
         width = wl.input_ids.shape[1]
-        a, b = CausalLMRunner(model), RowPointerRunner(model)
+        b = RowPointerRunner(model)
         # the fewest shared-pointer slots that cannot overflow, so that (a) runs out of slots and compacts
-        la = a.prefill(wl.input_ids, wl.attention_mask, width + int((wl.accepted + 1).sum(dim=0).max()) + K + 1)
+        a, first = CausalLMRunner(model).prefill(wl.input_ids, wl.attention_mask,
+                                                 width + int((wl.accepted + 1).sum(dim=0).max()) + K + 1)
+        la = first.logits
         lb = b.prefill(wl.input_ids, wl.attention_mask, width + (steps + 1) * (K + 1))
         diffs = [(la - lb).abs().max()]
         assert torch.allclose(la, lb, rtol=1e-4, atol=1e-5), "prefill logits differ"
@@ -347,7 +347,7 @@ def check_equivalence(seed: int = 0, steps: int = 10) -> float:
         for p in range(steps):
             before = a.length
             fa, fb = a.counts, b.counts
-            la, lb = a.forward(wl.blocks[p]), b.forward(wl.blocks[p])
+            la, lb = a.forward(wl.blocks[p]).logits, b.forward(wl.blocks[p])
             compacted |= a.length != before + wl.blocks.shape[2]
             assert torch.allclose(la, lb, rtol=1e-4, atol=1e-5), f"{attn}: logits differ at step {p}"
             diffs.append((la - lb).abs().max())

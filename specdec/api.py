@@ -17,12 +17,19 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from specdec.arguments import prepare_generation
 from specdec.draft_length import AdaptiveDraftLength
 from specdec.drafters import Drafter, resolve_drafter
-from specdec.engine import cache_slots, speculative_generate
+from specdec.engine import call_slots, speculative_generate
 from specdec.sizing import check_fits
 from specdec.stats import SpecStats
 from specdec.verifiers.hf import CausalLMRunner
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
+
+#: the verifier's attributes a SpeculativeModel exposes: what ``generate``'s callers and pipelines read
+_FORWARDED = frozenset({
+    "config", "generation_config", "device", "dtype", "can_generate", "name_or_path", "main_input_name",
+    "framework", "get_input_embeddings", "get_output_embeddings", "_supports_cache_class", "_is_stateful",
+    "prepare_inputs_for_generation", "eval", "training",
+})
 
 
 @dataclass
@@ -75,7 +82,7 @@ class SpeculativeModel:
             draft, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
         )
         if compile_drafter:
-            if not hasattr(self.drafter, "compile"):
+            if not self.drafter.compilable:
                 raise ValueError(f"compile_drafter: {type(self.drafter).__name__} has no model to compile")
             self.drafter.compile()
         self.num_draft_tokens = num_draft_tokens
@@ -84,10 +91,12 @@ class SpeculativeModel:
         self._draft_cost_ratio = _draft_cost_ratio(self.drafter, model) if adaptive else None
         self.last_stats: SpecStats | None = None
 
-    def __getattr__(self, name: str) -> Any:  # config, device, generation_config, ... of the verifier
-        if name == "model":
-            raise AttributeError(name)
-        return getattr(self.model, name)
+    def __getattr__(self, name: str) -> Any:
+        # Only what generate's callers and pipelines read from a model; anything else is an error,
+        # not a silent reach into the verifier.
+        if name in _FORWARDED:
+            return getattr(self.model, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (the verifier is .model)")
 
     def generate(
         self,
@@ -129,7 +138,7 @@ class SpeculativeModel:
             raise NotImplementedError("specdec streams batch size 1 only (rows advance by different amounts per step)")
         if batch > 1 and setup.config.return_dict_in_generate and (setup.config.output_scores or setup.config.output_logits):
             raise NotImplementedError("output_scores / output_logits are supported for batch size 1 only")
-        self._check_memory(setup.input_ids.shape, cache_slots(setup, k), k)
+        self._check_memory(setup.input_ids.shape, call_slots(setup, k), k)
         result = speculative_generate(
             self.verifier,
             self.drafter,
@@ -159,15 +168,15 @@ class SpeculativeModel:
 
     def _check_memory(self, shape: torch.Size, max_len: int, k: int) -> None:
         """Raise ``specdec.sizing.PlanError`` before any compute if the managed caches cannot fit."""
-        draft_model = getattr(self.drafter, "model", None)
+        draft_model = self.drafter.model
         check_fits(
             self.model.config,
-            getattr(draft_model, "config", None),
+            None if draft_model is None else draft_model.config,
             batch_size=shape[0],
             max_len=max_len,
             dtype=self.model.dtype,
             memory_budget_bytes=self.memory_budget,
-            drafter_dtype=getattr(draft_model, "dtype", None),
+            drafter_dtype=None if draft_model is None else draft_model.dtype,
             device=self.model.device,
             prefill_tokens=shape[1],
             draft_len=k,
@@ -178,8 +187,8 @@ def _draft_cost_ratio(drafter: Drafter, verifier: torch.nn.Module) -> float:
     """A clock-free guess of one draft token's cost in verifier passes: the drafter's bytes over the verifier's."""
     from specdec.quant.memory import model_bytes  # counts packed int4/int8 weights at their real size
 
-    draft_model = getattr(drafter, "model", None)
-    if not isinstance(draft_model, torch.nn.Module):
+    draft_model = drafter.model
+    if draft_model is None:
         return 0.02  # no model (prompt lookup): drafting is nearly free
     return min(1.0, max(0.02, model_bytes(draft_model) / max(model_bytes(verifier), 1)))
 

@@ -9,11 +9,13 @@ grows slowly with ``k``) and picks the ``k`` with the most expected tokens per s
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 
 # Prior cost of one more token in a verify pass, in passes (memory-bound decode: a few percent).
 VERIFY_SLOPE = 0.05
+HISTORY_LEN = 1024  # choices kept in AdaptiveDraftLength.history
 
 
 class FixedDraftLength:
@@ -61,7 +63,8 @@ class AdaptiveDraftLength:
     acceptance: float = field(init=False)
     draft_cost: float | None = field(init=False, default=None)
     verify_costs: dict[int, float] = field(init=False, default_factory=dict)
-    history: list[int] = field(init=False, default_factory=list)
+    #: the latest choices (bounded: a long-lived server's policy must not grow without end)
+    history: deque[int] = field(init=False, default_factory=lambda: deque(maxlen=HISTORY_LEN))
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_k <= self.max_k:

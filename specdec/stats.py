@@ -79,6 +79,7 @@ class SpecStats:
     accepted: int = 0
     verifier_forwards: int = 0  # verification passes, prefill excluded
     drafter_forwards: int = 0
+    drafter_stats: dict = field(default_factory=dict)  # the drafter's own counts (composite: lookup / model steps)
     committed_per_step: list[int] = field(default_factory=list)  # tokens committed, one entry per row per pass
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)

@@ -8,7 +8,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import specdec
-from specdec.drafters import Proposal
+from specdec.drafters import Drafter, Proposal
 from tiny_models import VOCAB, make_model, perturbed_copy
 
 
@@ -143,21 +143,37 @@ def test_functional_generate(llama):
     assert torch.equal(got, model.generate(PROMPT, **GREEDY))
 
 
-class CountingDrafter:
-    """A drafter written against the protocol: always proposes token 7."""
+class CountingDrafter(Drafter):
+    """A drafter written against the base class: always proposes token 7; counts its calls in stats()."""
 
-    def __init__(self):
+    def start(self, input_ids, attention_mask, max_len, **kwargs):
         self.calls = 0
-
-    def start(self, input_ids, attention_mask, max_len):
-        pass
 
     def propose(self, rows, k, ctx):
         self.calls += 1
         return Proposal(torch.full((len(rows), k), 7, dtype=torch.long))
 
-    def commit(self, rows):
+    def stats(self):
+        return {"calls": self.calls}
+
+
+class OldProtocolDrafter:
+    """A drafter written against the protocol before the base class (rows as a list, commit(rows))."""
+
+    def __init__(self):
+        self.calls = self.commits = 0
+
+    def start(self, input_ids, attention_mask, max_len):
         pass
+
+    def propose(self, rows, k, ctx):
+        assert isinstance(rows, list)
+        self.calls += 1
+        return Proposal(torch.full((len(rows), k), 7, dtype=torch.long))
+
+    def commit(self, rows):
+        assert isinstance(rows, list)
+        self.commits += 1
 
     def keep_rows(self, indices):
         pass
@@ -166,12 +182,20 @@ class CountingDrafter:
         pass
 
 
+def test_old_protocol_drafter_still_works(llama):
+    model, _ = llama
+    drafter = OldProtocolDrafter()
+    with pytest.warns(FutureWarning, match="subclass specdec.drafters.Drafter"):
+        spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=3)
+    assert torch.equal(spec.generate(PROMPT, **GREEDY), model.generate(PROMPT, **GREEDY))
+    assert drafter.calls > 0 and drafter.commits > 0
+
+
 def test_custom_drafter_protocol(llama):
     model, _ = llama
-    drafter = CountingDrafter()
-    got = specdec.SpeculativeModel(model, drafter, num_draft_tokens=3).generate(PROMPT, **GREEDY)
-    assert torch.equal(got, model.generate(PROMPT, **GREEDY))
-    assert drafter.calls > 0
+    spec = specdec.SpeculativeModel(model, CountingDrafter(), num_draft_tokens=3)
+    assert torch.equal(spec.generate(PROMPT, **GREEDY), model.generate(PROMPT, **GREEDY))
+    assert spec.last_stats.drafter_stats["calls"] > 0
 
 
 def test_custom_drafter_protocol_under_sampling(llama):

@@ -87,35 +87,33 @@ def test_custom_stop_without_eos_keeps_rows_running_like_generate():
 def test_holes_and_filler_slots_are_never_attended():
     """Garbage written into every invalid slot does not change a row's next logits."""
     model = make_model("qwen2")
-    runner = CausalLMRunner(model)
     ids, mask = _left_pad(_prompts([3, 7], seed=2))
-    runner.prefill(ids, mask.bool(), 64)
+    runner, _ = CausalLMRunner(model).prefill(ids, mask.bool(), 64)
     runner.forward(torch.tensor([[5, 6, 7], [8, 9, 10]]))
     runner.keep(runner.counts - torch.tensor([2, 0]))  # row 0 rejects two tokens: holes
     probe = torch.tensor([[20], [21]])
-    clean = runner.forward(probe)
+    clean = runner.forward(probe).logits
     runner.keep(runner.counts - 1)
     with torch.inference_mode():
         for layer in runner.cache.layers:
             for buf in (layer.keys, layer.values):
                 buf.transpose(1, 2)[~runner.valid] = 1e4  # every hole and pad slot, all heads
-    torch.testing.assert_close(runner.forward(probe), clean)
+    torch.testing.assert_close(runner.forward(probe).logits, clean)
 
 
 def test_compaction_preserves_every_row():
     model = make_model("llama")
-    runner = CausalLMRunner(model)
     ids, mask = _left_pad(_prompts([2, 6, 4], seed=4))
-    runner.prefill(ids, mask.bool(), 64)
+    runner, _ = CausalLMRunner(model).prefill(ids, mask.bool(), 64)
     runner.forward(torch.tensor([[5, 6, 7]] * 3))
     runner.keep(runner.counts - torch.tensor([3, 1, 0]))
     before = runner.length
     probe = torch.tensor([[30], [31], [32]])
-    clean = runner.forward(probe)
+    clean = runner.forward(probe).logits
     runner.keep(runner.counts - 1)
     runner.compact()
     assert runner.length == int(runner.counts.max()) < before
-    torch.testing.assert_close(runner.forward(probe), clean, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(runner.forward(probe).logits, clean, rtol=1e-4, atol=1e-5)
 
 
 def test_tight_cache_compacts_instead_of_overflowing():

@@ -12,8 +12,7 @@ MODELS = {arch: make_model(arch) for arch in ("llama", "mistral", "gpt2")}
 
 
 def _fresh(model, tokens: torch.Tensor) -> ManagedCache:
-    runner = CausalLMRunner(model)
-    runner.prefill(tokens, None, 128)
+    runner, _ = CausalLMRunner(model).prefill(tokens, None, 128)
     return runner.cache
 
 
@@ -26,8 +25,7 @@ def test_rollback_equals_fresh_prefill(arch, prompt_len, history, seed):
     model = MODELS[arch]
     gen = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, VOCAB, (1, prompt_len), generator=gen)
-    runner = CausalLMRunner(model)
-    runner.prefill(tokens, None, 128)
+    runner, _ = CausalLMRunner(model).prefill(tokens, None, 128)
     for write, reject in history:  # write `write` tokens (a verify pass), then reject up to `reject` of them
         new = torch.randint(0, VOCAB, (1, write), generator=gen)
         runner.forward(new)
@@ -46,22 +44,20 @@ def test_stale_slots_are_never_read():
     """Garbage written past the pointer (the rejected tail) does not change the next forward."""
     model = MODELS["llama"]
     tokens = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(0))
-    runner = CausalLMRunner(model)
-    runner.prefill(tokens, None, 64)
-    clean = runner.forward(torch.tensor([[5, 6]]))
+    runner, _ = CausalLMRunner(model).prefill(tokens, None, 64)
+    clean = runner.forward(torch.tensor([[5, 6]])).logits
     runner.rollback(10)
     with torch.inference_mode():  # the buffers are inference tensors
         for layer in runner.cache.layers:
             layer.keys[:, :, 10:].fill_(1e4)
             layer.values[:, :, 10:].normal_()
-    again = runner.forward(torch.tensor([[5, 6]]))
+    again = runner.forward(torch.tensor([[5, 6]])).logits
     torch.testing.assert_close(clean, again)
 
 
 def test_buffers_are_allocated_once_and_rollback_copies_nothing():
     model = MODELS["gpt2"]
-    runner = CausalLMRunner(model)
-    runner.prefill(torch.tensor([[1, 2, 3]]), None, 32)
+    runner, _ = CausalLMRunner(model).prefill(torch.tensor([[1, 2, 3]]), None, 32)
     pointers = [layer.keys.data_ptr() for layer in runner.cache.layers]
     nbytes = runner.cache.nbytes
     for _ in range(5):
@@ -72,8 +68,7 @@ def test_buffers_are_allocated_once_and_rollback_copies_nothing():
 
 
 def test_overflow_is_an_error_not_a_silent_grow():
-    runner = CausalLMRunner(MODELS["llama"])
-    runner.prefill(torch.tensor([[1, 2, 3]]), None, 5)
+    runner, _ = CausalLMRunner(MODELS["llama"]).prefill(torch.tensor([[1, 2, 3]]), None, 5)
     with pytest.raises(CacheOverflowError, match="preallocated for 5 tokens"):
         runner.forward(torch.tensor([[4, 5, 6]]))
 

@@ -6,25 +6,32 @@ from typing import Any
 
 import torch
 
-from specdec.drafters.base import DraftContext, Drafter, Proposal
+from specdec.draft_spec import COMPOSITE_DEFAULT_SCHEME, DraftSpec, DraftSpecError, parse_draft, register_drafter
+from specdec.draft_spec import registered_builder
+from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
 from specdec.drafters.model import ModelDrafter, VocabularyMismatchError, check_vocab_compat
 from specdec.drafters.composite import CompositeDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
+from specdec.drafters.legacy import LegacyDrafter, is_legacy_drafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
-#: the self-copy behind a bare ``"composite"`` drafter
-COMPOSITE_DEFAULT_SCHEME = "int8"
-
 __all__ = [
+    "COMPOSITE_DEFAULT_SCHEME",
+    "Commit",
     "CompositeDrafter",
-    "LayerSkipDrafter",
     "DraftContext",
+    "DraftSpec",
+    "DraftSpecError",
     "Drafter",
+    "LayerSkipDrafter",
     "ModelDrafter",
     "PromptLookupDrafter",
     "Proposal",
+    "Rows",
     "VocabularyMismatchError",
     "check_vocab_compat",
+    "parse_draft",
+    "register_drafter",
     "resolve_drafter",
 ]
 
@@ -38,6 +45,11 @@ def _derived_from(draft: torch.nn.Module, verifier: torch.nn.Module) -> bool:
     return draft is verifier or mine.data_ptr() == theirs.data_ptr()
 
 
+def _from_module(draft: torch.nn.Module, verifier: torch.nn.Module, verifier_tokenizer: Any, draft_tokenizer: Any) -> Drafter:
+    check_vocab_compat(verifier, draft, verifier_tokenizer, draft_tokenizer)
+    return ModelDrafter(draft, reuse_verifier_prompt=_derived_from(draft, verifier))
+
+
 def resolve_drafter(
     draft: Any,
     verifier: torch.nn.Module,
@@ -45,39 +57,39 @@ def resolve_drafter(
     verifier_tokenizer: Any = None,
     draft_tokenizer: Any = None,
 ) -> Drafter:
-    """Build a drafter from a user-facing spec.
+    """Build a drafter from a user-facing spec: the one place drafter names become drafters.
 
-    ``draft`` may be a :class:`Drafter`, a transformers causal LM, ``"self:SCHEME"`` (a quantized
-    copy of the verifier, e.g. ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model),
-    ``"composite"`` / ``"composite:SCHEME"`` (prompt lookup, else a quantized self-copy; default int8),
-    ``"layer-skip:N"`` (the verifier's first N layers), or a local model directory.
+    ``draft`` may be a :class:`Drafter`, a transformers causal LM, or a name (see
+    :mod:`specdec.draft_spec`): ``"self:SCHEME"`` (a quantized copy of the verifier, e.g.
+    ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model), ``"composite"`` /
+    ``"composite:SCHEME"`` (prompt lookup, else a quantized self-copy; default int8),
+    ``"layer-skip:N"`` (the verifier's first N layers), a registered prefix, or a local model path.
     """
-    if draft == "prompt-lookup":
-        return PromptLookupDrafter()
-    if isinstance(draft, str) and (draft == "composite" or draft.startswith("composite:")):
-        scheme = draft.split(":", 1)[1] if ":" in draft else COMPOSITE_DEFAULT_SCHEME
-        return CompositeDrafter(resolve_drafter(f"self:{scheme}", verifier))
-    if isinstance(draft, str) and draft.startswith("layer-skip:"):
-        try:
-            layers = int(draft.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"layer-skip needs a layer count, e.g. 'layer-skip:8', got {draft!r}") from None
-        return LayerSkipDrafter(verifier, layers)
-    if isinstance(draft, str) and draft.startswith("self:"):
-        from specdec.quant import quantize
-
-        return ModelDrafter(quantize(verifier, draft.split(":", 1)[1]), reuse_verifier_prompt=True)
-    if isinstance(draft, str):
-        from specdec.models import load_model
-
-        model, tok = load_model(draft)
-        check_vocab_compat(verifier, model, verifier_tokenizer, tok)
-        return ModelDrafter(model)
-    if isinstance(draft, torch.nn.Module):
-        check_vocab_compat(verifier, draft, verifier_tokenizer, draft_tokenizer)
-        return ModelDrafter(draft, reuse_verifier_prompt=_derived_from(draft, verifier))
     if isinstance(draft, Drafter):
         return draft
-    raise TypeError(
-        f"cannot use {type(draft).__name__} as a drafter: pass a Drafter, a causal LM, 'self:SCHEME' or a model path"
-    )
+    if is_legacy_drafter(draft):
+        return LegacyDrafter(draft)
+    if isinstance(draft, torch.nn.Module):
+        return _from_module(draft, verifier, verifier_tokenizer, draft_tokenizer)
+    if not isinstance(draft, str):
+        raise TypeError(
+            f"cannot use {type(draft).__name__} as a drafter: pass a Drafter, a causal LM, 'self:SCHEME' or a model path"
+        )
+    spec = parse_draft(draft)
+    if spec.kind == "registered":
+        built = registered_builder(spec)(spec.text, verifier, verifier_tokenizer)
+        return resolve_drafter(built, verifier, verifier_tokenizer=verifier_tokenizer, draft_tokenizer=draft_tokenizer)
+    if spec.kind == "prompt-lookup":
+        return PromptLookupDrafter()
+    if spec.kind == "composite":
+        return CompositeDrafter(resolve_drafter(f"self:{spec.scheme}", verifier))
+    if spec.kind == "layer-skip":
+        return LayerSkipDrafter(verifier, spec.layers)
+    if spec.kind == "self":
+        from specdec.quant import quantize
+
+        return ModelDrafter(quantize(verifier, spec.scheme), reuse_verifier_prompt=True)
+    from specdec.models import load_model
+
+    model, tok = load_model(spec.text, dtype=verifier.dtype, device=verifier.device)
+    return _from_module(model, verifier, verifier_tokenizer, draft_tokenizer or tok)

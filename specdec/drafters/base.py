@@ -1,12 +1,27 @@
-"""The drafter protocol: what the speculative loop asks of anything that proposes tokens."""
+"""The drafter interface: what the speculative loop asks of anything that proposes tokens.
+
+:class:`Drafter` is a base class with a default for every optional member, so the engine, the API
+and the evaluation never probe a drafter with ``hasattr``. A drafter's life in one ``generate`` call::
+
+    d = drafter.for_call()                 # per-call copy: one SpeculativeModel serves many threads
+    d.start(input_ids, mask, max_len, verifier=<verifier cache>, hidden=<prompt hidden states>)
+    loop: d.propose(rows, k, ctx) -> Proposal
+          d.commit(Commit(rows, accepted, added, hidden=..., path=...))
+          d.keep_rows(index)             # finished rows leave the batch
+    d.finish()
+"""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from transformers import LogitsProcessorList
+
+if TYPE_CHECKING:
+    from specdec.verifiers.hf import CacheSession
 
 
 @dataclass
@@ -35,28 +50,122 @@ class DraftContext:
     vocab_size: int | None = None  # the verifier's vocabulary: never propose ids at or beyond it
 
 
-@runtime_checkable
-class Drafter(Protocol):
-    """Proposes draft tokens for the speculative loop.
+class Rows:
+    """The committed rows of the active batch: ``tokens [B, width]`` and ``lengths [B]``.
 
-    The loop calls :meth:`start` once per ``generate`` call, then alternately :meth:`propose` (with
-    the committed rows so far) and :meth:`commit` (with the new committed rows after verification,
-    so the drafter can roll back its state past the first rejected token). Rows are 1-D tensors in
-    transformers' layout: the row's left padding from the prompt batch, then its real tokens; they
-    may have different lengths. :meth:`keep_rows` drops finished rows from the batch.
+    Row ``b`` is ``tokens[b, :lengths[b]]`` in transformers' layout: the left padding of its prompt,
+    then its real tokens. Indexing and iterating give those 1-D views, so a drafter can treat the
+    batch as a list of rows of different lengths.
     """
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
-        """Prepare for a new batch of prompts; ``max_len`` bounds prompt + generated + draft tokens."""
+    def __init__(self, tokens: torch.LongTensor, lengths: torch.LongTensor) -> None:
+        self.tokens, self.lengths = tokens, lengths
+        self._lengths = lengths.tolist()  # host copy: slicing with it costs no device sync
 
-    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
+    @classmethod
+    def from_list(cls, rows: list[torch.LongTensor]) -> "Rows":
+        """Pack 1-D rows (right-padded with zeros) into a :class:`Rows`."""
+        width = max(len(r) for r in rows)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long, device=rows[0].device)
+        for b, row in enumerate(rows):
+            tokens[b, : len(row)] = row
+        return cls(tokens, torch.tensor([len(r) for r in rows], dtype=torch.long, device="cpu"))
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def __getitem__(self, b: int) -> torch.LongTensor:
+        return self.tokens[b, : self._lengths[b]]
+
+    def __iter__(self) -> Iterator[torch.LongTensor]:
+        return (self[b] for b in range(len(self)))
+
+    def length(self, b: int) -> int:
+        """Length of row ``b`` (left padding included), without a device sync."""
+        return self._lengths[b]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+
+@dataclass
+class Commit:
+    """What one verification pass committed, as the engine tells it to the drafter.
+
+    ``rows``: the committed rows after the pass. ``accepted[b]``: drafts of row ``b`` the verifier
+    accepted. ``added[b]``: tokens committed to row ``b`` (accepted drafts, then the verifier's own
+    token; fewer when a stop rule ended the row inside the block). ``hidden``: for drafters that asked
+    (:attr:`Drafter.hidden_layers`), the verifier's hidden states ``[B, n, H * len(layers)]`` at the
+    ``n`` positions it just verified (the previous newest token, then the drafts); entry ``j < added[b]``
+    of row ``b`` belongs to a committed token. ``path``: for tree drafts, the node index of each
+    accepted draft per row (``[B, depth]``, -1 past ``accepted[b]``); ``None`` for chains.
+    """
+
+    rows: Rows
+    accepted: torch.LongTensor
+    added: torch.LongTensor
+    hidden: torch.Tensor | None = None
+    path: torch.LongTensor | None = None
+
+
+class Drafter:
+    """Proposes draft tokens for the speculative loop. Subclass it; override what your drafter needs.
+
+    Required: :meth:`propose`. Everything else has a default: a stateless drafter (prompt lookup)
+    overrides nothing else; a drafter with a cache overrides :meth:`start`, :meth:`commit`,
+    :meth:`keep_rows` and :meth:`finish`.
+    """
+
+    #: verifier hidden states this drafter reads, as indices into transformers' ``output_hidden_states``
+    #: (0: the embeddings; ``i``: what enters decoder layer ``i``; ``L``: the final, normed state).
+    #: Empty: the verifier computes none (no cost). EAGLE reads ``(L,)``, EAGLE-3 ``(2, L // 2, L - 3)``.
+    hidden_layers: tuple[int, ...] = ()
+    #: drafter forward passes in the current call (a statistic)
+    forwards: int = 0
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The causal LM this drafter runs, if any (memory planning, HF assisted baselines)."""
+        return None
+
+    @property
+    def compilable(self) -> bool:
+        """Whether :meth:`compile` has a model to compile."""
+        return self.model is not None
+
+    def compile(self) -> None:
+        """Run the drafter's forwards through ``torch.compile``."""
+        raise ValueError(f"{type(self).__name__} has no model to compile")
+
+    def prime(self) -> None:
+        """Compile now (dummy forwards) rather than in the first calls; nothing to do by default."""
+
+    def for_call(self) -> "Drafter":
+        """A drafter for one ``generate`` call: shares weights and compiled graphs, owns its per-call
+        state, so concurrent calls on one :class:`~specdec.SpeculativeModel` do not collide."""
+        return copy.copy(self)
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
+              verifier: "CacheSession | None" = None, hidden: torch.Tensor | None = None) -> None:
+        """Prepare for a new batch of prompts. ``max_len`` bounds prompt + generated + draft tokens;
+        ``verifier`` is the verifier's cache with the prompt in it (drafters derived from the verifier
+        may start from it); ``hidden`` the verifier's prompt hidden states, when :attr:`hidden_layers` asks."""
+        self.forwards = 0
+
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
         """Return up to ``k`` draft tokens per row, as a ``[batch, k']`` tensor (``k' <= k``)."""
+        raise NotImplementedError
 
-    def commit(self, rows: list[torch.LongTensor]) -> None:
-        """Learn the committed rows after a verification step."""
+    def commit(self, update: Commit) -> None:
+        """Learn what the verifier committed (roll back past the first rejected draft)."""
 
     def keep_rows(self, indices: torch.Tensor) -> None:
         """Keep only these rows (by position in the current batch)."""
+
+    def stats(self) -> dict[str, float]:
+        """Drafter-specific statistics of the current call (land in ``SpecStats.drafter_stats``)."""
+        return {}
 
     def finish(self) -> None:
         """Release per-call state (caches)."""

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
-from specdec.drafters.base import DraftContext, Drafter, Proposal
+from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.verifiers.session import CacheSession
 
 
-class CompositeDrafter:
+class CompositeDrafter(Drafter):
     """Prompt lookup when it finds a continuation of at least ``min_match`` tokens, the model drafter otherwise.
 
     The lookup is free, so it is tried first; the model drafter is kept in sync either way (it
@@ -24,34 +27,36 @@ class CompositeDrafter:
         self.lookup = lookup or PromptLookupDrafter(min_ngram=2, max_ngram=4)
         self.min_match = min_match
         self.lookup_steps = self.model_steps = 0
+        self.hidden_layers = model_drafter.hidden_layers
 
     @property
     def forwards(self) -> int:
-        return getattr(self.model_drafter, "forwards", 0)
+        return self.model_drafter.forwards
 
     @property
-    def model(self):
-        """The model behind the model drafter (for memory planning)."""
-        return getattr(self.model_drafter, "model", None)
+    def model(self) -> torch.nn.Module | None:
+        """The model behind the model drafter (memory planning)."""
+        return self.model_drafter.model
 
     def compile(self) -> None:
         """Compile the model drafter's forwards (the lookup has none)."""
-        if hasattr(self.model_drafter, "compile"):
-            self.model_drafter.compile()
+        self.model_drafter.compile()
 
     def prime(self) -> None:
-        if hasattr(self.model_drafter, "prime"):
-            self.model_drafter.prime()
+        self.model_drafter.prime()
 
-    def share_prompt(self, verifier) -> None:
-        if hasattr(self.model_drafter, "share_prompt"):
-            self.model_drafter.share_prompt(verifier)
+    def for_call(self) -> "CompositeDrafter":
+        call = copy.copy(self)
+        call.model_drafter, call.lookup = self.model_drafter.for_call(), self.lookup.for_call()
+        return call
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
+              verifier: CacheSession | None = None, hidden: torch.Tensor | None = None) -> None:
+        self.lookup_steps = self.model_steps = 0
         self.lookup.start(input_ids, attention_mask, max_len)
-        self.model_drafter.start(input_ids, attention_mask, max_len)
+        self.model_drafter.start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
 
-    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
         copied = self.lookup.propose(rows, k, ctx)
         if copied.num_tokens >= min(self.min_match, k) > 0:
             self.lookup_steps += 1
@@ -59,8 +64,11 @@ class CompositeDrafter:
         self.model_steps += 1
         return self.model_drafter.propose(rows, k, ctx)
 
-    def commit(self, rows: list[torch.LongTensor]) -> None:
-        self.model_drafter.commit(rows)
+    def commit(self, update: Commit) -> None:
+        self.model_drafter.commit(update)  # a no-op for it when the lookup proposed
+
+    def stats(self) -> dict[str, float]:
+        return {"lookup_steps": self.lookup_steps, "model_steps": self.model_steps, **self.model_drafter.stats()}
 
     def keep_rows(self, indices: torch.Tensor) -> None:
         self.lookup.keep_rows(indices)

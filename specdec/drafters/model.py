@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specdec.drafters.base import DraftContext, Proposal
+from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
 from specdec.verifiers.hf import CausalLMRunner, shares_kv_layout
+from specdec.verifiers.session import CacheSession
 
 # Vocabulary sizes may differ by embedding padding (rounded up to a multiple of 64/128...);
 # a larger gap means a different tokenizer.
@@ -75,11 +76,12 @@ def check_vocab_compat(
         )
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Drafts autoregressively with a (usually smaller or quantized) causal LM over its own managed cache.
 
-    After each verification it keeps the longest cached prefix that agrees with the committed tokens
-    and feeds the rest (the verifier's correction or bonus token) at the start of the next proposal.
+    Its cache holds a prefix of each committed row (its *fed* tokens). After each verification the
+    engine says how many drafts each row accepted; the fed prefix shrinks to what was committed, and
+    the rest (the verifier's own token) is fed at the start of the next proposal.
     """
 
     def __init__(
@@ -87,17 +89,22 @@ class ModelDrafter:
     ) -> None:
         """``confidence_threshold``: stop drafting early once the drafter's top probability drops below it.
         ``reuse_verifier_prompt``: for drafters derived from the verifier (same key/value layout), start
-        from the verifier's cached prompt instead of a prefill of its own (see :meth:`share_prompt`)."""
+        from the verifier's cached prompt instead of a prefill of its own."""
         if confidence_threshold is not None and not 0 <= confidence_threshold < 1:
             raise ValueError(f"confidence_threshold must be in [0, 1), got {confidence_threshold}")
         self.confidence_threshold = confidence_threshold
-        self.model = model.eval()
+        self._model = model.eval()
         self.runner = CausalLMRunner(model, role="drafter")
-        self._cached: list[torch.Tensor] = []
-        self._pads: list[int] = []
-        self.forwards = 0
         self.reuse_verifier_prompt = reuse_verifier_prompt
-        self._prompt_source: CausalLMRunner | None = None
+        self._session: CacheSession | None = None
+        self._fed: list[int] = []  # per row: tokens (left padding included) whose keys are cached
+        self._pads: list[int] = []
+        self._drafted: list[tuple[int, int]] = []  # per row at the last proposal: (row length, drafts fed)
+        self._adopted = False
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
 
     def compile(self) -> None:
         """Run the drafter's forwards through ``torch.compile`` (see :meth:`CausalLMRunner.compile`)."""
@@ -107,21 +114,19 @@ class ModelDrafter:
         """Compile now rather than in the first calls (see :meth:`CausalLMRunner.prime`)."""
         self.runner.prime()
 
-    def share_prompt(self, verifier: CausalLMRunner) -> None:
-        """Called by :class:`specdec.SpeculativeModel`: the runner whose cached prompt :meth:`start` may adopt."""
-        if self.reuse_verifier_prompt and shares_kv_layout(verifier.model.config, self.model.config):
-            self._prompt_source = verifier
-
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
-        source = self._prompt_source
-        if source is not None and source.cache is not None and source.cache.length == input_ids.shape[1]:
-            self.runner.adopt_prompt(source, max_len)
-            self.forwards = 0
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
+              verifier: CacheSession | None = None, hidden: torch.Tensor | None = None) -> None:
+        adopt = (self.reuse_verifier_prompt and verifier is not None and verifier.length == input_ids.shape[1]
+                 and shares_kv_layout(verifier.runner.model.config, self.model.config))
+        self._adopted = bool(adopt)
+        if adopt:
+            self._session, self.forwards = self.runner.adopt(verifier, max_len), 0
         else:
-            self.runner.prefill(input_ids, attention_mask, max_len)
+            self._session, _ = self.runner.prefill(input_ids, attention_mask, max_len)
             self.forwards = 1
         self._pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
-        self._cached = list(input_ids)  # per row: the tokens (left padding included) whose keys are cached
+        self._fed = [input_ids.shape[1]] * input_ids.shape[0]
+        self._drafted = []
 
     def _scores(self, logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
         logits = logits.float()
@@ -134,19 +139,24 @@ class ModelDrafter:
             return logits
         return torch.cat([ctx.processors(row.unsqueeze(0), logits[b : b + 1]) for b, row in enumerate(rows)])
 
-    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
-        if k <= 0:
-            return Proposal(rows[0].new_empty((len(rows), 0)), None)
-        # Feed what each row committed since our last forward, left-aligned with filler slots.
-        pending = [row[len(cached) :] for row, cached in zip(rows, self._cached)]
+    def _catch_up(self, rows: Rows) -> torch.Tensor:
+        """Feed what each row committed since our last forward (left-aligned with filler); last logits."""
+        pending = [rows[b][fed:] for b, fed in enumerate(self._fed)]
         width = max(len(p) for p in pending)
-        block = torch.zeros(len(rows), width, dtype=torch.long, device=rows[0].device)
-        real = torch.zeros(len(rows), width, dtype=torch.bool, device=rows[0].device)
+        block = torch.zeros(len(rows), width, dtype=torch.long, device=rows.device)
+        real = torch.zeros(len(rows), width, dtype=torch.bool, device=rows.device)
         for b, p in enumerate(pending):
             block[b, width - len(p) :], real[b, width - len(p) :] = p, True
-        extra = {"logits_to_keep": 1} if self.runner._keep_logits else {}
-        logits = self.runner.forward(block, real, **extra)[:, -1]
         self.forwards += 1
+        return self._session.forward(block, real, **self._extra()).logits[:, -1]
+
+    def _extra(self) -> dict:
+        return {"logits_to_keep": 1} if self.runner.keep_logits else {}
+
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+        if k <= 0:
+            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
+        logits = self._catch_up(rows)
         ids, tokens, probs, fed = list(rows), [], [], 0
         for i in range(k):
             scores = self._scores(logits, ids, ctx)
@@ -157,31 +167,39 @@ class ModelDrafter:
             else:
                 token = scores.argmax(dim=-1)
             tokens.append(token)
-            ids = [torch.cat([row, t.view(1)]) for row, t in zip(ids, token)]
+            if ctx.processors:  # processors read the context: extend each row by its draft
+                ids = [torch.cat([row, t.view(1)]) for row, t in zip(ids, token)]
             # An unsure drafter is likely wrong: stop and let the verifier speak (keep >= 1 draft).
             if self.confidence_threshold and bool((p.max(dim=-1).values < self.confidence_threshold).all()):
                 break
             if i < k - 1:
-                logits = self.runner.forward(token.unsqueeze(-1), **extra)[:, -1]
+                logits = self._session.forward(token.unsqueeze(-1), **self._extra()).logits[:, -1]
                 self.forwards += 1
                 fed += 1
-        self._cached = [row[: len(base) + fed] for row, base in zip(ids, rows)]
+        self._drafted = [(rows.length(b), fed) for b in range(len(rows))]
+        self._fed = [length + fed for length, _ in self._drafted]
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
-    def commit(self, rows: list[torch.LongTensor]) -> None:
-        keep = []
-        for b, (cached, row) in enumerate(zip(self._cached, rows)):
-            n = min(len(cached), len(row) - 1)  # always leave >= 1 token to feed next time
-            same = int((cached[:n] == row[:n]).long().cumprod(dim=0).sum())
-            self._cached[b] = row[:same]
-            keep.append(same - self._pads[b])
-        self.runner.keep(keep)
+    def commit(self, update: Commit) -> None:
+        if not self._drafted:  # another drafter proposed this step (composite): our fed prefix is still committed
+            return
+        accepted, added = update.accepted.tolist(), update.added.tolist()
+        # fed drafts that were accepted stay; always leave >= 1 committed token to feed next time
+        self._fed = [length + min(a, fed, n - 1) for (length, fed), a, n in zip(self._drafted, accepted, added)]
+        self._drafted = []
+        self._session.keep([fed - pad for fed, pad in zip(self._fed, self._pads)])
+
+    def stats(self) -> dict[str, float]:
+        return {"adopted_prompt": self._adopted}  # started from the verifier's prompt cache (no prefill)
 
     def keep_rows(self, indices: torch.Tensor) -> None:
-        self.runner.keep_rows(indices)
-        self._cached = [self._cached[i] for i in indices.tolist()]
-        self._pads = [self._pads[i] for i in indices.tolist()]
+        self._session.keep_rows(indices)
+        index = indices.tolist()
+        self._fed = [self._fed[i] for i in index]
+        self._pads = [self._pads[i] for i in index]
+        self._drafted = [self._drafted[i] for i in index] if self._drafted else []
 
     def finish(self) -> None:
-        self.runner.release()
-        self._cached = []
+        if self._session is not None:
+            self._session.release()
+        self._session, self._fed, self._drafted = None, [], []

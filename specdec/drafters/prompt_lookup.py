@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import DraftContext, Proposal
+from specdec.drafters.base import DraftContext, Drafter, Proposal, Rows
 
 
 def lookup(row: list[int], k: int, min_ngram: int, max_ngram: int) -> list[int]:
@@ -26,7 +26,7 @@ def lookup(row: list[int], k: int, min_ngram: int, max_ngram: int) -> list[int]:
     return []
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(Drafter):
     """Drafts by n-gram lookup in each row's own context. Batch aware; deterministic (one-hot ``q``).
 
     Args:
@@ -40,13 +40,13 @@ class PromptLookupDrafter:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.min_ngram, self.max_ngram, self.max_draft, self.window = min_ngram, max_ngram, max_draft, window
         self._pads: list[int] = []
-        self.forwards = 0
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int) -> None:
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
+              verifier: object = None, hidden: torch.Tensor | None = None) -> None:
         batch = input_ids.shape[0]
         self._pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
 
-    def propose(self, rows: list[torch.LongTensor], k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
         if self.max_draft is not None:
             k = min(k, self.max_draft)
         drafts = []
@@ -56,20 +56,14 @@ class PromptLookupDrafter:
             drafts.append(lookup(context, k, self.min_ngram, self.max_ngram) if k > 0 else [])
         width = max((len(d) for d in drafts), default=0)
         if width == 0:
-            return Proposal(rows[0].new_empty((len(rows), 0)))
+            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
         # Rows with shorter drafts repeat their last token (or the row's last token): any proposal is
         # safe, since only what the verifier agrees with is kept.
         padded = [d + [(d or [int(row[-1])])[-1]] * (width - len(d)) for d, row in zip(drafts, rows)]
-        tokens = torch.tensor(padded, dtype=rows[0].dtype, device=rows[0].device)
+        tokens = torch.tensor(padded, dtype=torch.long, device=rows.device)
         if ctx.vocab_size is not None:
             tokens = tokens.clamp(max=ctx.vocab_size - 1)
         return Proposal(tokens)
 
-    def commit(self, rows: list[torch.LongTensor]) -> None:
-        pass  # stateless: the context is re-read each step
-
     def keep_rows(self, indices: torch.Tensor) -> None:
         self._pads = [self._pads[i] for i in indices.tolist()]
-
-    def finish(self) -> None:
-        pass

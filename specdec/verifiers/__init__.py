@@ -2,5 +2,6 @@
 
 from specdec.verifiers.cache import CacheOverflowError, ManagedCache, ManagedLayer
 from specdec.verifiers.hf import CausalLMRunner, UnsupportedModelError, check_supported
+from specdec.verifiers.session import CacheSession, StepOutput
 
-__all__ = ["CacheOverflowError", "CausalLMRunner", "ManagedCache", "ManagedLayer", "UnsupportedModelError", "check_supported"]
+__all__ = ["CacheOverflowError", "CacheSession", "CausalLMRunner", "ManagedCache", "ManagedLayer", "StepOutput", "UnsupportedModelError", "check_supported"]

@@ -95,15 +95,16 @@ class ManagedLayer(CacheLayerMixin):
         self.values[:, :, :n].copy_(other.values[:, :, :n])
         self.length = n
 
-    def gather_slots(self, order: torch.Tensor) -> None:
-        """Move slots ``order[b, i]`` of each row ``b`` to slot ``i`` (compaction); the pointer becomes ``order.shape[1]``."""
+    def gather_slots(self, order: torch.Tensor, start: int = 0) -> None:
+        """Move slot ``start + order[b, i]`` of each row ``b`` to slot ``start + i`` (compaction, or keeping a
+        set of the newest slots); the pointer becomes ``start + order.shape[1]``."""
         if not self.is_initialized:
             return
         n = order.shape[1]
         for buf in (self.keys, self.values):
             index = order[:, None, :, None].expand(buf.shape[0], buf.shape[1], n, buf.shape[3])
-            buf[:, :, :n] = buf.gather(2, index)
-        self.length = n
+            buf[:, :, start : start + n] = buf[:, :, start:].gather(2, index)
+        self.length = start + n
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:

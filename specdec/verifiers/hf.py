@@ -2,7 +2,11 @@
 
 Used for the verifier and, through :class:`specdec.drafters.ModelDrafter`, for model drafters.
 
-Ragged batches (DESIGN.md section 4): all rows share one write pointer into the preallocated
+The runner (:class:`CausalLMRunner`) is per model and shared; each ``generate`` call owns a
+:class:`CacheSession` (the cache, its valid-slot map, per-row counts), so calls on different
+threads never share state.
+
+Ragged batches (docs/design.md, "Ragged batches"): all rows share one write pointer into the preallocated
 cache, and a boolean slot map says which slots of each row hold real tokens. Left padding, the
 rejected drafts of a row that accepted fewer tokens than another, and the filler of a ragged
 input block are all just invalid slots: the 2-D attention mask hides them, and each row's
@@ -20,7 +24,7 @@ import warnings
 import torch
 from transformers import PreTrainedModel
 
-from specdec.verifiers.cache import CacheOverflowError, ManagedCache
+from specdec.verifiers.session import CacheSession, StepOutput
 
 
 def _compile_errors() -> tuple[type[BaseException], ...]:
@@ -90,21 +94,20 @@ def shares_kv_layout(verifier_config, drafter_config) -> bool:
 
 
 class CausalLMRunner:
-    """Holds a model, its managed cache and the valid-slot map of the current batch."""
+    """A model and what is learnt about it once (compiled graph, cache dtype); shared by every call.
+
+    Per-call state lives in the :class:`CacheSession` that :meth:`prefill` / :meth:`adopt` return.
+    """
 
     def __init__(self, model: PreTrainedModel, role: str = "verifier") -> None:
         check_supported(model, role)
         self.model = model
         self.role = role
-        self.cache: ManagedCache | None = None
-        self.valid: torch.Tensor | None = None  # [batch, max_len] bool: slot holds a real token of that row
-        self.counts: torch.Tensor | None = None  # [batch] real tokens per row (= next position id)
         self._compiled: torch.nn.Module | None = None
         self._kv_dtype: torch.dtype | None = None  # dtype of the keys/values this model writes (seen once)
-        self._single_row = False  # this call started with one row
-        self._keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
+        self.keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
         config = model.config
-        self._sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
+        self.sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
 
     def compile(self) -> None:
         """Run forwards through ``torch.compile`` (inductor, dynamic shapes).
@@ -122,31 +125,15 @@ class CausalLMRunner:
         token, and several), so that no later call pays the compilation."""
         if self._compiled is None:
             return
-        extra = {"logits_to_keep": 1} if self._keep_logits else {}  # as the drafter calls it
+        extra = {"logits_to_keep": 1} if self.keep_logits else {}  # as the drafter calls it
         # Twice, with other prompt and cache sizes: dynamo specialises on the first state it sees
         # and generalises (dynamic shapes) on the second; later calls reuse the graphs.
         for prompt, slots in ((3, 8), (5, 13)):
             tokens = torch.ones(1, prompt, dtype=torch.long, device=self.model.device)
-            self.prefill(tokens, None, slots)  # eager: learns the dtype of our keys/values
+            session, _ = self.prefill(tokens, None, slots)  # eager: learns the dtype of our keys/values
             for n in (1, 2):  # fresh (contiguous) tensors, like the drafter's: dynamo guards on strides
-                self.forward(torch.ones(1, n, dtype=torch.long, device=self.model.device), **extra)
-            self.release()
-
-    def _run(self, **inputs) -> torch.Tensor:
-        # Compiled: decode steps of single-row calls only (one or a few tokens over an initialised
-        # cache). Prefills and batches run eagerly: each would be more graphs to compile (dynamo
-        # guards on batch size, mask kind and cache state) for little gain.
-        if self._compiled is not None and self._single_row and self._kv_dtype is not None and self.cache.layers[0].is_initialized:
-            try:
-                return self._compiled(**inputs).logits
-            except _COMPILE_ERRORS as err:
-                warnings.warn(f"torch.compile failed for the {self.role} ({type(err).__name__}: {err}); running it eagerly",
-                              stacklevel=3)
-                self._compiled = None
-        logits = self.model(**inputs).logits
-        if self._kv_dtype is None and self.cache.layers and self.cache.layers[0].is_initialized:
-            self._kv_dtype = self.cache.layers[0].keys.dtype
-        return logits
+                session.forward(torch.ones(1, n, dtype=torch.long, device=self.model.device), **extra)
+            session.release()
 
     @property
     def num_layers(self) -> int:
@@ -154,121 +141,70 @@ class CausalLMRunner:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return int(text.num_hidden_layers)
 
-    @property
-    def length(self) -> int:
-        """The shared write pointer: slots used so far in every row."""
-        return 0 if self.cache is None else self.cache.length
+    def session(self, batch: int, max_len: int, device: torch.device) -> CacheSession:
+        """An empty per-call cache of ``max_len`` slots for ``batch`` rows."""
+        return CacheSession(self, batch, max_len, device)
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_len: int) -> torch.Tensor:
-        """Allocate a cache for ``max_len`` slots, run the (left-padded) prompt, return last logits ``[batch, vocab]``."""
-        batch = input_ids.shape[0]
-        self._single_row = batch == 1
-        self.cache = ManagedCache(self.num_layers, max_len)
-        self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=input_ids.device)
-        self.counts = torch.zeros(batch, dtype=torch.long, device=input_ids.device)
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_len: int,
+                hidden_layers: tuple[int, ...] = ()) -> tuple[CacheSession, StepOutput]:
+        """Allocate a cache for ``max_len`` slots and run the (left-padded) prompt.
+
+        Returns the session and the last position's logits ``[batch, vocab]`` (with the hidden states
+        of every prompt position when ``hidden_layers`` asks)."""
+        session = self.session(input_ids.shape[0], max_len, input_ids.device)
         mask = None if attention_mask is None else attention_mask.bool()
-        extra = {"logits_to_keep": 1} if self._keep_logits else {}
-        return self.forward(input_ids, mask, **extra)[:, -1]
+        extra = {"logits_to_keep": 1} if self.keep_logits else {}
+        out = session.forward(input_ids, mask, hidden_layers=hidden_layers, **extra)
+        return session, StepOutput(out.logits[:, -1], out.hidden)
 
-    def adopt_prompt(self, source: "CausalLMRunner", max_len: int) -> None:
-        """Start from ``source``'s cached prompt instead of running a prefill.
+    def adopt(self, source: CacheSession, max_len: int) -> CacheSession:
+        """A session that starts from ``source``'s cached prompt instead of running a prefill.
 
         For drafters derived from the verifier (quantized copies, its first layers): the verifier's
         keys and values of the prompt stand in for the drafter's own. Drafts may differ slightly;
         output cannot, since the verifier decides. Saves the drafter's prefill, which for a quantized
         copy can cost more than the verifier's own.
         """
-        if not shares_kv_layout(source.model.config, self.model.config):
+        if not shares_kv_layout(source.runner.model.config, self.model.config):
             raise ValueError(f"the {self.role}'s key/value layout differs from the verifier's: cannot adopt its cache")
-        self.cache = ManagedCache(self.num_layers, max_len)
-        self._single_row = source.valid.shape[0] == 1
+        session = self.session(source.valid.shape[0], max_len, source.valid.device)
         with torch.inference_mode():  # the buffers are inference tensors, like those a forward allocates
-            for mine, theirs in zip(self.cache.layers, source.cache.layers):
+            for mine, theirs in zip(session.cache.layers, source.cache.layers):
                 mine.adopt(theirs, self._kv_dtype)  # our own dtype once known: no conversion mid-forward
         width = source.cache.length
-        self.valid = torch.zeros(source.valid.shape[0], max_len, dtype=torch.bool, device=source.valid.device)
-        self.valid[:, :width] = source.valid[:, :width]
-        self.counts = source.counts.clone()
+        session.valid[:, :width] = source.valid[:, :width]
+        session.counts = source.counts.clone()
+        return session
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, **extra) -> torch.Tensor:
-        """Append ``tokens [batch, n]`` (``valid`` marks real ones; default all) and return logits ``[batch, n, vocab]``."""
-        start, n = self.length, tokens.shape[1]
-        if (self._sliding or start + n > self.cache.max_cache_len) and self._has_holes():
-            # Squeeze out holes left by ragged rows: when they use up the slots, and always for
-            # sliding-window models, whose window is counted in slots rather than tokens.
-            self.compact()
-            start = self.length
-        if start + n > self.cache.max_cache_len:
-            raise CacheOverflowError(
-                f"KV cache overflow: {n} more tokens after {start} in a cache preallocated for "
-                f"{self.cache.max_cache_len} tokens"
+    def run(self, session: CacheSession, hidden_layers: tuple[int, ...], **inputs) -> StepOutput:
+        """One forward of the model over ``session``'s cache."""
+        # Compiled: decode steps of single-row calls only (one or a few tokens over an initialised
+        # cache). Prefills and batches run eagerly: each would be more graphs to compile (dynamo
+        # guards on batch size, mask kind and cache state) for little gain.
+        if (self._compiled is not None and session.single_row and not hidden_layers and self._kv_dtype is not None
+                and session.cache.layers[0].is_initialized):
+            try:
+                return StepOutput(self._compiled(**inputs).logits)
+            except _COMPILE_ERRORS as err:
+                warnings.warn(f"torch.compile failed for the {self.role} ({type(err).__name__}: {err}); running it eagerly",
+                              stacklevel=3)
+                self._compiled = None
+        out = self.model(**inputs, output_hidden_states=bool(hidden_layers))
+        if self._kv_dtype is None and session.cache.layers and session.cache.layers[0].is_initialized:
+            self._kv_dtype = session.cache.layers[0].keys.dtype
+        hidden = torch.cat([out.hidden_states[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return StepOutput(out.logits, hidden)
+
+    def check_tree_masks(self) -> None:
+        """Raise :class:`UnsupportedModelError` if this model cannot take a custom 4-D attention mask."""
+        impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        if impl not in ("eager", "sdpa"):
+            raise UnsupportedModelError(
+                f"the {self.role} uses {impl!r} attention, which ignores custom 4-D masks: tree drafts need "
+                "attn_implementation='sdpa' or 'eager'"
             )
-        if valid is None:
-            valid = torch.ones_like(tokens, dtype=torch.bool)
-        self.valid[:, start : start + n] = valid
-        # Position of a real token = real tokens before it in its row; fillers get 0 (masked anyway).
-        positions = (self.counts.unsqueeze(1) + valid.long().cumsum(dim=1) - 1).clamp_min(0)
-        self.counts = self.counts + valid.sum(dim=1)
-        seen = self.valid[:, : start + n]
-        mask = None if bool(seen.all()) else seen.long()
-        return self._run(
-            input_ids=tokens,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            **extra,
-        )
-
-    def keep(self, counts: torch.Tensor | list[int]) -> None:
-        """Keep the first ``counts[r]`` real tokens of each row; later slots become holes, the pointer moves back."""
-        counts = torch.as_tensor(counts, dtype=torch.long, device=self.valid.device)
-        if bool((counts > self.counts).any()):
-            raise ValueError(f"cannot keep {counts.tolist()} tokens: rows hold only {self.counts.tolist()}")
-        real_before = self.valid.long().cumsum(dim=1)
-        self.valid &= real_before <= counts.unsqueeze(1)
-        self.counts = counts
-        self._trim()
-
-    def _trim(self) -> None:
-        """Move the shared pointer back to just after the last valid slot of any row."""
-        used = self.valid.any(dim=0).nonzero()
-        end = int(used.max()) + 1 if used.numel() else 0
-        self.cache.rollback(min(end, self.cache.length))
-        self.valid[:, end:] = False
-
-    def rollback(self, length: int) -> None:
-        """Keep only the first ``length`` slots of every row (all rows aligned)."""
-        self.cache.rollback(length)
-        self.valid[:, length:] = False
-        self.counts = self.valid.sum(dim=1)
-
-    def _has_holes(self) -> bool:
-        """Whether some row has an invalid slot after its first real token (left padding is no hole)."""
-        used = self.valid[:, : self.length]
-        return bool((used.cummax(dim=1).values & ~used).any())
-
-    @torch.inference_mode()
-    def compact(self) -> None:
-        """Re-lay every row as left padding + its real tokens (one copy of the cache)."""
-        n = int(self.counts.max())
-        # stable sort puts each row's invalid slots first and its valid slots after, in order
-        order = torch.argsort(self.valid[:, : self.length].to(torch.int8), dim=1, stable=True)[:, -n:]
-        for layer in self.cache.layers:
-            layer.gather_slots(order)
-        self.valid.zero_()
-        self.valid[:, :n] = torch.arange(n, device=self.valid.device).unsqueeze(0) >= (n - self.counts).unsqueeze(1)
-
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute)."""
-        rows = rows.to(self.valid.device)
-        with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
-            for layer in self.cache.layers:
-                layer.batch_select_indices(rows)
-        self.valid, self.counts = self.valid[rows], self.counts[rows]
-        self._trim()
-
-    def release(self) -> None:
-        """Drop the cache (frees its buffers)."""
-        self.cache = self.valid = self.counts = None
+        if self.sliding:
+            raise UnsupportedModelError(
+                f"the {self.role} ({self.model.config.model_type}) uses sliding-window attention; a custom 4-D mask "
+                "would bypass its window, so tree drafts are refused for it"
+            )
