@@ -18,16 +18,14 @@ import time
 import torch
 
 import specdec
-from specdec.eval.datasets import load_prompts
 from specdec.models import load_model
+from specdec.prompts import encode_batch, load_prompts
 from specdec.quant import quantize
 
 
 def _batch(tok, prompts: list[str]) -> dict[str, torch.Tensor]:
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-             for p in prompts]
-    tok.padding_side = "left"
-    return tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = encode_batch(tok, prompts)  # chat template, left padded
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def main(argv: list[str] | None = None) -> int:

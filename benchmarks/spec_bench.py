@@ -22,9 +22,8 @@ from collections import defaultdict
 import torch
 
 import specdec
-from specdec.eval.datasets import load_prompts
-from specdec.eval.side_by_side import encode_prompt
 from specdec.models import load_model
+from specdec.prompts import encode_prompt, load_prompts
 from specdec.quant import quantize
 
 

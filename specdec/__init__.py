@@ -3,16 +3,45 @@
 >>> import specdec
 >>> fast = specdec.SpeculativeModel(model, draft="self:int8", tokenizer=tokenizer)
 >>> fast.generate(**inputs, max_new_tokens=64)          # same as model.generate, faster
+
+The public names are imported on first use (they need torch and transformers), so that the
+command line's ``--help`` and ``specdec plan`` start without either.
 """
 
-from specdec.acceptance import greedy_accept, rejection_accept
-from specdec.api import DEFAULT_NUM_DRAFT_TOKENS, SpeculativeModel, SpeculativeOutput, generate, patch, unpatch
-from specdec.drafters import Drafter, ModelDrafter, Proposal, VocabularyMismatchError
-from specdec.stats import SpecStats
-from specdec.verifiers.cache import CacheOverflowError, ManagedCache
-from specdec.verifiers.hf import UnsupportedModelError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specdec.acceptance import greedy_accept, rejection_accept
+    from specdec.api import DEFAULT_NUM_DRAFT_TOKENS, SpeculativeModel, SpeculativeOutput, generate, patch, unpatch
+    from specdec.drafters import Drafter, ModelDrafter, Proposal, VocabularyMismatchError
+    from specdec.stats import SpecStats
+    from specdec.verifiers.cache import CacheOverflowError, ManagedCache
+    from specdec.verifiers.hf import UnsupportedModelError
 
 __version__ = "0.1.0"
+
+#: public name -> module that defines it
+_LAZY = {
+    "greedy_accept": "specdec.acceptance",
+    "rejection_accept": "specdec.acceptance",
+    "DEFAULT_NUM_DRAFT_TOKENS": "specdec.api",
+    "SpeculativeModel": "specdec.api",
+    "SpeculativeOutput": "specdec.api",
+    "generate": "specdec.api",
+    "patch": "specdec.api",
+    "unpatch": "specdec.api",
+    "Drafter": "specdec.drafters",
+    "ModelDrafter": "specdec.drafters",
+    "Proposal": "specdec.drafters",
+    "VocabularyMismatchError": "specdec.drafters",
+    "SpecStats": "specdec.stats",
+    "CacheOverflowError": "specdec.verifiers.cache",
+    "ManagedCache": "specdec.verifiers.cache",
+    "UnsupportedModelError": "specdec.verifiers.hf",
+}
 
 __all__ = [
     "CacheOverflowError",
@@ -32,3 +61,16 @@ __all__ = [
     "rejection_accept",
     "unpatch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -72,39 +72,31 @@ def _check_model_and_draft(model: str, draft: str) -> None:
             resolve_model_source(model)
         except ModelNotFoundError as e:
             raise SystemExit(f"error: --model: {e}") from None
-    scheme = _draft_scheme(draft)
-    if scheme is not None:
+    from specdec.draft_spec import FORMS, DraftSpecError, parse_draft
+
+    try:
+        spec = parse_draft(draft)
+    except DraftSpecError as e:
+        raise SystemExit(f"error: --draft: {e}") from None
+    if spec.scheme is not None:
         from specdec.quant import UnknownSchemeError, parse_scheme
 
         try:
-            parse_scheme(scheme)
+            parse_scheme(spec.scheme)
         except UnknownSchemeError as e:
             raise SystemExit(f"error: --draft {draft}: {e}") from None
-    elif draft.startswith("layer-skip:"):
-        n = draft.split(":", 1)[1]
-        if not n.isdigit() or int(n) < 1:
-            raise SystemExit(f"error: --draft {draft}: layer-skip needs a layer count >= 1, e.g. layer-skip:8")
-    elif draft != "prompt-lookup" and draft not in DEFAULT_ALIASES:
+    elif spec.kind == "path" and draft not in DEFAULT_ALIASES:
         try:
             resolve_model_source(draft)
         except ModelNotFoundError:
-            raise SystemExit(
-                f"error: --draft {draft!r} is not a drafter: use self:SCHEME (e.g. self:int8), prompt-lookup, "
-                "composite[:SCHEME], layer-skip:N, or a local model directory / .gguf file"
-            ) from None
+            raise SystemExit(f"error: --draft {draft!r} is not a drafter: use {FORMS}") from None
 
 
 def _draft_scheme(draft: str) -> str | None:
     """The quantization scheme of a ``self:SCHEME`` / ``composite[:SCHEME]`` drafter, else None."""
-    if draft.startswith("self:"):
-        return draft.split(":", 1)[1]
-    if draft == "composite":
-        from specdec.drafters import COMPOSITE_DEFAULT_SCHEME  # imports torch: not when the CLI starts
+    from specdec.draft_spec import parse_draft
 
-        return COMPOSITE_DEFAULT_SCHEME
-    if draft.startswith("composite:"):
-        return draft.split(":", 1)[1]
-    return None
+    return parse_draft(draft).scheme
 
 
 def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
@@ -142,7 +134,9 @@ def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
         out["description"] = "prompt-lookup: copies n-grams from the prompt and the output so far (no model)"
         out["note"] = "acceptance is high where the output repeats its context (code edits, summaries, quotes), low elsewhere"
     elif draft.startswith("layer-skip:"):
-        n = draft.split(":", 1)[1]
+        from specdec.draft_spec import parse_draft
+
+        n = parse_draft(draft).layers
         out["description"] = f"{draft}: the verifier's first {n} layers and its LM head (no extra weights)"
         out["note"] = "acceptance falls as fewer layers are kept"
     else:
@@ -236,7 +230,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
     from transformers import TextStreamer
 
-    from specdec.eval.side_by_side import encode_prompt
+    from specdec.prompts import encode_prompt
 
     model, tokenizer, spec = _load(args)
     generator = torch.Generator(device="cpu").manual_seed(args.seed) if args.seed is not None else None
@@ -262,7 +256,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``specdec`` parser. With ``command``, the subcommands implemented in their own modules
+    (plan, quant-report, eval) get their options only when ``command`` names them: their modules
+    are imported then and not before (quant-report and eval import torch; ``--help`` and ``plan``
+    must not). None builds every subcommand in full."""
     parser = argparse.ArgumentParser(prog="specdec", description="Lossless speculative decoding for Hugging Face causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -284,27 +282,34 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     _add_optional(sub, "plan", "specdec.sizing", "add_plan_arguments", "run_plan",
-                  "KV-cache sizing and memory plan for a model (+ drafter)")
+                  "KV-cache sizing and memory plan for a model (+ drafter)", command)
     _add_optional(sub, "quant-report", "specdec.quant.report", "add_quant_report_arguments", "run_quant_report",
-                  "cost and agreement of quantized drafter schemes")
+                  "cost and agreement of quantized drafter schemes", command)
     _add_optional(sub, "eval", "specdec.eval.__main__", "add_eval_arguments", "run_eval",
-                  "speedup, acceptance and identity against transformers' baselines on a prompt set")
+                  "speedup, acceptance and identity against transformers' baselines on a prompt set", command)
     return parser
 
 
-def _add_optional(sub: Any, name: str, module: str, add: str, run: str, help_text: str) -> None:
-    """Subcommands implemented in their own modules (kept thin here)."""
+def _add_optional(sub: Any, name: str, module: str, add: str, run: str, help_text: str,
+                  command: str | None = None) -> None:
+    """Subcommands implemented in their own modules (kept thin here); the module is imported only
+    when ``command`` is None or ``name`` (see :func:`build_parser`)."""
     import importlib
 
-    mod = importlib.import_module(module)
     p = sub.add_parser(name, help=help_text)
+    if command is not None and command != name:
+        return  # not the command being run: its name and help are enough
+    mod = importlib.import_module(module)
     add_fn, run_fn = getattr(mod, add), getattr(mod, run)
     add_fn(p)
     p.set_defaults(func=run_fn)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The subcommand is the first word that is not an option (the top-level parser has only -h).
+    command = next((a for a in argv if not a.startswith("-")), "")
+    args = build_parser(command).parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -3,6 +3,7 @@ specdec.prompts is the one reader of prompt files."""
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -129,3 +130,30 @@ def test_round_robin_over_groups():
     recs = [PromptRecord(t, g, None, i) for i, (t, g) in enumerate([("a1", "a"), ("a2", "a"), ("b1", "b"), ("n1", None)])]
     assert [r.text for r in round_robin(recs, 3)] == ["a1", "b1", "n1"]
     assert [r.text for r in round_robin(recs)] == ["a1", "b1", "n1", "a2"]
+
+
+def test_select_per_group_and_group_order_keep_first_appearance():
+    from specdec.prompts import Prompt, group_order, select_per_group
+
+    ps = [Prompt(str(i), g, f"t{i}") for i, g in enumerate("baab")]
+    assert group_order(ps) == ["b", "a"]
+    assert [p.id for p in select_per_group(ps, 1)] == ["0", "1"]
+
+
+def test_encode_batch_left_pads_each_prompts_encoding():
+    import torch
+
+    from specdec.prompts import encode_batch, encode_prompt
+
+    class WordLengths:  # a tokenizer without a chat template: one id per word
+        chat_template, pad_token_id, eos_token_id = None, 0, 2
+
+        def __call__(self, text, return_tensors="pt"):
+            return argparse.Namespace(input_ids=torch.tensor([[3 + len(w) for w in text.split()]], device="cpu"))
+
+    tok = WordLengths()
+    assert encode_prompt(tok, "a bb").tolist() == [[4, 5]]
+    ids, mask = encode_batch(tok, ["a bb", "ccc"])
+    assert ids.tolist() == [[4, 5], [0, 6]] and mask.tolist() == [[1, 1], [0, 1]]
+    with pytest.raises(ValueError, match="empty prompt"):
+        encode_prompt(tok, "  ")

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from specdec.drafters import register_drafter
 from specdec.eval import (
     DatasetError,
+    EvalConfig,
     EvalReport,
     MethodSpec,
     Prompt,
@@ -30,7 +32,6 @@ from specdec.eval import (
     load_records,
     metric_path,
     plan_methods,
-    register_drafter,
     run_eval,
     select_per_group,
 )
@@ -179,6 +180,21 @@ def test_plan_and_parse_methods():
         MethodSpec("specdec", "self:int8", 0)
 
 
+def test_one_drafter_serves_specdec_and_hf_assisted(tiny):
+    import specdec.drafters
+    import specdec.eval
+    from specdec.drafters import Drafter
+    from specdec.eval import ResolvedDraft, resolve_draft
+
+    assert specdec.eval.register_drafter is specdec.drafters.register_drafter  # one registry
+    model, tok = tiny
+    resolved = resolve_draft(DRAFT, model, tok)
+    assert isinstance(resolved, ResolvedDraft) and isinstance(resolved.draft, Drafter)
+    assert resolved.assistant is resolved.draft.model is not None  # the very module HF assisted generation uses
+    lookup = resolve_draft("prompt-lookup", model, tok)
+    assert lookup.assistant is None and isinstance(lookup.draft, Drafter)  # not a causal LM: no hf-assisted
+
+
 # --------------------------------------------------------------------------------------------
 # one run on tiny models, shared by the tests below
 # --------------------------------------------------------------------------------------------
@@ -204,7 +220,8 @@ def first_run(tiny, prompts, tmp_path_factory):
     model, tok = tiny
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        report = run_eval(model, tok, prompts, METHODS, out_dir=out, max_new_tokens=TOKENS, progress=True)
+        report = run_eval(model, tok, prompts, EvalConfig(methods=METHODS, out_dir=out, max_new_tokens=TOKENS,
+                                                          progress=True))
     return report, out, err.getvalue()
 
 
@@ -283,13 +300,14 @@ def test_resume_skips_recorded_pairs(first_run, tiny, prompts, tmp_path, monkeyp
     # an interrupted write leaves half a line: it is skipped, not an error
     with (out / "records.jsonl").open("a") as f:
         f.write('{"prompt_id": "80", "meth')
-    report = run_eval(model, tok, prompts, METHODS, out_dir=out, max_new_tokens=TOKENS, progress=False)
+    report = run_eval(model, tok, prompts, EvalConfig(methods=METHODS, out_dir=out, max_new_tokens=TOKENS,
+                                                      progress=False))
     assert report.to_dict()["methods"] == summary["methods"]
     assert len(load_records(out)) == len(prompts) * len(METHODS)
 
     # one more draft length: only its pairs are run (specdec never calls model.generate)
-    report = run_eval(model, tok, prompts, [*METHODS, f"specdec[{DRAFT},k=4]"], out_dir=out, max_new_tokens=TOKENS,
-                      progress=False)
+    report = run_eval(model, tok, prompts, EvalConfig(methods=[*METHODS, f"specdec[{DRAFT},k=4]"], out_dir=out,
+                                                      max_new_tokens=TOKENS, progress=False))
     records = load_records(out)
     assert len(records) == len(prompts) * (len(METHODS) + 1)
     assert (out / "records.jsonl").read_text().startswith(before)
@@ -302,29 +320,32 @@ def test_resume_refuses_another_configuration(first_run, tiny, prompts, tmp_path
     shutil.copytree(first_out, out)
     model, tok = tiny
     with pytest.raises(ValueError, match="another configuration"):
-        run_eval(model, tok, prompts, ["hf"], out_dir=out, max_new_tokens=TOKENS + 1, progress=False)
-    report = run_eval(model, tok, prompts[:1], ["hf"], out_dir=out, max_new_tokens=4, overwrite=True, progress=False)
+        run_eval(model, tok, prompts, EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=TOKENS + 1,
+                                                 progress=False))
+    report = run_eval(model, tok, prompts[:1], EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4, overwrite=True,
+                                                          progress=False))
     assert len(load_records(out)) == 1 and report.to_dict()["prompts"] == 1
 
 
 def test_sampling_and_plain_string_prompts(tiny, tmp_path):
     model, tok = tiny
-    # "prompt-lookup" is not resolved here: it goes through to SpeculativeModel, which knows it
-    report = run_eval(model, tok, ["Tell me a story.", "Count to five."], out_dir=tmp_path,
-                      draft=[DRAFT, "prompt-lookup"], num_draft_tokens=2, baselines=["hf"],
-                      max_new_tokens=6, do_sample=True, temperature=0.8, top_p=0.9, seed=1, progress=False,
-                      plots=False)
+    # "prompt-lookup" is built by specdec.drafters.resolve_drafter, like every drafter
+    config = EvalConfig(out_dir=tmp_path, draft=[DRAFT, "prompt-lookup"], num_draft_tokens=2, baselines=["hf"],
+                        max_new_tokens=6, do_sample=True, temperature=0.8, top_p=0.9, seed=1, progress=False,
+                        plots=False)
+    report = run_eval(model, tok, ["Tell me a story.", "Count to five."], config)
     summary = report.to_dict()
     assert [m["name"] for m in summary["methods"]] == ["hf", f"specdec[{DRAFT},k=2]", "specdec[prompt-lookup,k=2]"]
     spec = summary["methods"][1]
     assert spec["identical"] is None and spec["acceptance_rate"] is not None  # identity is a greedy notion
     assert summary["groups"] == ["prompts"] and not (tmp_path / "speedup_per_group.png").exists()
     with pytest.raises(ValueError, match="batch_size"):
-        run_eval(model, tok, ["x"], ["hf"], out_dir=tmp_path, batch_size=0)
+        run_eval(model, tok, ["x"], EvalConfig(methods=["hf"], out_dir=tmp_path, batch_size=0))
 
 
 def test_hf_heuristic_schedule_baseline_runs_with_its_own_assistant_settings(tiny, tmp_path):
-    from specdec.eval.runner import HEURISTIC_ASSISTANT, build_runners
+    from specdec.eval.measure import build_runners
+    from specdec.eval.methods import HEURISTIC_ASSISTANT
 
     model, tok = tiny
     methods = plan_methods(["hf", "hf-assisted", "hf-assisted-heuristic"], [DRAFT], [2])
@@ -350,8 +371,8 @@ def test_hf_heuristic_schedule_baseline_runs_with_its_own_assistant_settings(tin
     assert seen["schedule"] == HEURISTIC_ASSISTANT["num_assistant_tokens_schedule"]
     assert (config.num_assistant_tokens_schedule, config.num_assistant_tokens) == before  # restored for hf-assisted
     assert result.verifier_passes and result.proposed_per_position
-    report = run_eval(model, tok, ["Tell me a story."], methods, out_dir=tmp_path, max_new_tokens=TOKENS,
-                      progress=False, plots=False)
+    config = EvalConfig(methods=methods, out_dir=tmp_path, max_new_tokens=TOKENS, progress=False, plots=False)
+    report = run_eval(model, tok, ["Tell me a story."], config)
     assert report.method(names[2])["identical"] == 1
 
 
@@ -359,9 +380,10 @@ def test_batched_eval_reports_batch_throughput_and_per_row_results(tiny, tmp_pat
     model, tok = tiny
     prompts = ["Hi.", "Tell me a long story about a dragon.", "Why?", "Count from one to ten, please.", "Ok"]
     with pytest.warns(UserWarning, match="one row only"):
-        report = run_eval(model, tok, prompts, out_dir=tmp_path, draft=[DRAFT, "prompt-lookup"], num_draft_tokens=3,
-                          baselines=["hf", "hf-assisted", "hf-prompt-lookup"], max_new_tokens=TOKENS, batch_size=2,
-                          progress=False, plots=False)
+        report = run_eval(model, tok, prompts, EvalConfig(
+            out_dir=tmp_path, draft=[DRAFT, "prompt-lookup"], num_draft_tokens=3,
+            baselines=["hf", "hf-assisted", "hf-prompt-lookup"], max_new_tokens=TOKENS, batch_size=2, progress=False,
+            plots=False))
     summary = report.to_dict()
     assert [m["name"] for m in summary["methods"]] == ["hf", f"specdec[{DRAFT},k=3]", "specdec[prompt-lookup,k=3]"]
     assert summary["batch_size"] == 2 and summary["config"]["batch_size"] == 2
@@ -384,14 +406,15 @@ def test_batched_eval_reports_batch_throughput_and_per_row_results(tiny, tmp_pat
         if method.startswith("specdec"):  # per-row draft statistics, not the batch's
             assert all(r["verifier_passes"] is not None and r["proposed"] is not None for r in rows)
     # a row of a batch is what the model generates for that prompt alone
-    alone = run_eval(model, tok, prompts, ["hf"], out_dir=tmp_path / "alone", max_new_tokens=TOKENS,
-                     progress=False, plots=False)
+    alone = run_eval(model, tok, prompts, EvalConfig(methods=["hf"], out_dir=tmp_path / "alone", max_new_tokens=TOKENS,
+                                                     progress=False, plots=False))
     single = {r["prompt_id"]: r["output_ids"] for r in load_records(tmp_path / "alone")}
     assert alone.to_dict()["batch_size"] == 1
     assert all(r["output_ids"] == single[r["prompt_id"]] for r in records)
     # a directory of batch-2 results is not resumed at another batch size
     with pytest.raises(ValueError, match="batch_size"):
-        run_eval(model, tok, prompts, ["hf"], out_dir=tmp_path, max_new_tokens=TOKENS, batch_size=3, progress=False)
+        run_eval(model, tok, prompts, EvalConfig(methods=["hf"], out_dir=tmp_path, max_new_tokens=TOKENS, batch_size=3,
+                                                 progress=False))
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,8 +530,9 @@ def test_accelerate_two_processes_gather_one_report(tiny_dirs, tmp_path):
 def test_real_model_smoke(smollm2, tmp_path):
     model, tok = smollm2
     # no warm-up: timings are not under test, and the real model is slow on a shared 2-core machine
-    report = run_eval(model, tok, ["Name a fruit."], out_dir=tmp_path, draft="self:int8", num_draft_tokens=3,
-                      baselines=["hf", "hf-assisted"], max_new_tokens=6, progress=False, plots=False, warmup=False)
+    config = EvalConfig(out_dir=tmp_path, draft="self:int8", num_draft_tokens=3, baselines=["hf", "hf-assisted"],
+                        max_new_tokens=6, progress=False, plots=False, warmup=False)
+    report = run_eval(model, tok, ["Name a fruit."], config)
     summary = report.to_dict()
     assert [m["name"] for m in summary["methods"]] == ["hf", "hf-assisted[self:int8]", "specdec[self:int8,k=3]"]
     assert summary["config"]["chat_template"] is True

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.eval import OutputDirError, ResumeError, load_prompts, load_records, plan_methods, run_eval
+from specdec.eval import EvalConfig, OutputDirError, ResumeError, load_prompts, load_records, plan_methods, run_eval
 from specdec.eval.__main__ import main as eval_main
 from tiny_models import VOCAB, make_model
 
@@ -54,8 +54,9 @@ def _quiet(**kwargs):
 def test_adaptive_method_drafts_fewer_than_k_with_a_weak_drafter(tiny, tmp_path):
     model, tok = tiny
     tokens = 64
-    report = run_eval(model, tok, ["Hello there"], out_dir=tmp_path, draft=WEAK, num_draft_tokens=8, baselines=["hf"],
-                      adaptive=True, max_new_tokens=tokens, **_quiet())
+    config = EvalConfig(out_dir=tmp_path, draft=WEAK, num_draft_tokens=8, baselines=["hf"], adaptive=True,
+                        max_new_tokens=tokens, **_quiet())
+    report = run_eval(model, tok, ["Hello there"], config)
     records = {r["method"]: r for r in load_records(tmp_path)}
     hf = records["hf"]["output_ids"]
     # precondition: the output ends at EOS far from max_length, so no draft of 8 was ever cut short by it
@@ -87,7 +88,8 @@ def test_hf_compiled_compiles_before_timing_and_leaves_the_model_eager(tiny, tmp
     prompts = ["Hello there", "Why is the sky blue? Tell me.", "Count."]  # three prompt lengths, one graph
     methods = ["hf", "hf-compiled", f"specdec[{WEAK},k=2]"]
     # no warm-up: hf-compiled still compiles untimed
-    report = run_eval(model, tok, prompts, methods, out_dir=tmp_path, max_new_tokens=10, warmup=False, **_quiet())
+    report = run_eval(model, tok, prompts, EvalConfig(methods=methods, out_dir=tmp_path, max_new_tokens=10,
+                                                      warmup=False, **_quiet()))
     compiled = report.method("hf-compiled")
     assert compiled["compile_seconds"] > 0 and compiled["compiled_graphs"] == 0  # nothing compiled inside a timed call
     assert compiled["identical"] == 3 and compiled["acceptance_rate"] is None  # compared with hf; drafts nothing
@@ -111,8 +113,8 @@ def test_hf_compiled_compiles_before_timing_and_leaves_the_model_eager(tiny, tmp
 
     # batches of 2 and a last batch of 1: both shapes compiled before timing (the same static cache length as
     # above, so only the batch of 2 is a new graph: dynamo keeps the other one)
-    batched = run_eval(model, tok, prompts, ["hf", "hf-compiled"], out_dir=tmp_path / "b", max_new_tokens=10,
-                       batch_size=2, **_quiet())
+    batched = run_eval(model, tok, prompts, EvalConfig(methods=["hf", "hf-compiled"], out_dir=tmp_path / "b",
+                                                       max_new_tokens=10, batch_size=2, **_quiet()))
     assert batched.method("hf-compiled")["compiled_graphs"] == 0 and batched.method("hf-compiled")["identical"] == 3
 
 
@@ -126,7 +128,8 @@ def recorded(tiny, tmp_path_factory):
     """A finished run of two prompts with hf only."""
     model, tok = tiny
     out = tmp_path_factory.mktemp("resume") / "out"
-    run_eval(model, tok, ["Hello there", "Count."], ["hf"], out_dir=out, max_new_tokens=4, **_quiet())
+    run_eval(model, tok, ["Hello there", "Count."], EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4,
+                                                               **_quiet()))
     return out
 
 
@@ -155,8 +158,8 @@ def test_resume_refuses_other_measurement_settings(tiny, recorded, tmp_path, key
     else:
         kwargs["warmup"] = False
     with pytest.raises(ResumeError, match=rf"another configuration \({key}: (False|True|'float32') there"):
-        run_eval(model, tok, ["Hello there", "Count."], ["hf"], out_dir=out, **kwargs)
-    report = run_eval(model, tok, ["Hello there"], ["hf"], out_dir=out, overwrite=True, **kwargs)
+        run_eval(model, tok, ["Hello there", "Count."], EvalConfig(methods=["hf"], out_dir=out, **kwargs))
+    report = run_eval(model, tok, ["Hello there"], EvalConfig(methods=["hf"], out_dir=out, overwrite=True, **kwargs))
     assert report.to_dict()["prompts"] == 1 and len(load_records(out)) == 1
 
 
@@ -166,7 +169,8 @@ def test_resume_refuses_a_run_recorded_on_another_device(tiny, recorded, tmp_pat
     config = json.loads((out / "eval_config.json").read_text())
     (out / "eval_config.json").write_text(json.dumps({**config, "device": "cuda:0"}))
     with pytest.raises(ResumeError, match=r"device: 'cuda:0' there, 'cpu' now"):
-        run_eval(model, tok, ["Hello there", "Count."], ["hf"], out_dir=out, max_new_tokens=4, **_quiet())
+        run_eval(model, tok, ["Hello there", "Count."], EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4,
+                                                                   **_quiet()))
 
 
 def test_resume_without_the_new_keys_is_refused_naming_them(tiny, recorded, tmp_path):
@@ -176,20 +180,22 @@ def test_resume_without_the_new_keys_is_refused_naming_them(tiny, recorded, tmp_
     del config["dtype"], config["device"]  # as written before they were recorded
     (out / "eval_config.json").write_text(json.dumps(config))
     with pytest.raises(ResumeError, match=r"dtype: not recorded there, 'float32' now; device: not recorded there"):
-        run_eval(model, tok, ["Hello there", "Count."], ["hf"], out_dir=out, max_new_tokens=4, **_quiet())
+        run_eval(model, tok, ["Hello there", "Count."], EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4,
+                                                                   **_quiet()))
 
 
 def test_resume_can_add_prompt_lookup_and_then_keeps_its_setting(tiny, recorded, tmp_path, monkeypatch):
     model, tok = tiny
     out = _copy(recorded, tmp_path)
-    run_eval(model, tok, ["Hello there"], ["hf", "hf-prompt-lookup"], out_dir=out, max_new_tokens=4,
-             prompt_lookup_num_tokens=3, **_quiet())
+    run_eval(model, tok, ["Hello there"], EvalConfig(methods=["hf", "hf-prompt-lookup"], out_dir=out, max_new_tokens=4,
+                                                     prompt_lookup_num_tokens=3, **_quiet()))
     assert json.loads((out / "eval_config.json").read_text())["prompt_lookup_num_tokens"] == 3
-    run_eval(model, tok, ["Hello there"], ["hf"], out_dir=out, max_new_tokens=4, **_quiet())  # not used: kept
+    # a run without hf-prompt-lookup keeps the recorded setting
+    run_eval(model, tok, ["Hello there"], EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4, **_quiet()))
     assert json.loads((out / "eval_config.json").read_text())["prompt_lookup_num_tokens"] == 3
     with pytest.raises(ResumeError, match=r"prompt_lookup_num_tokens: 3 there, 5 now"):
-        run_eval(model, tok, ["Hello there"], ["hf", "hf-prompt-lookup"], out_dir=out, max_new_tokens=4,
-                 prompt_lookup_num_tokens=5, **_quiet())
+        run_eval(model, tok, ["Hello there"], EvalConfig(methods=["hf", "hf-prompt-lookup"], out_dir=out,
+                                                         max_new_tokens=4, prompt_lookup_num_tokens=5, **_quiet()))
 
 
 def _never(*args, **kwargs):
@@ -201,13 +207,14 @@ def test_resume_refuses_edited_prompt_text(tiny, tmp_path, monkeypatch):
     data = tmp_path / "q.jsonl"
     data.write_text('{"prompt": "Hello there"}\n{"prompt": "Count."}\n')
     out = tmp_path / "out"
-    run_eval(model, tok, load_prompts(data), ["hf"], out_dir=out, max_new_tokens=4, **_quiet())
+    run_eval(model, tok, load_prompts(data), EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4, **_quiet()))
     data.write_text('{"prompt": "Hello there"}\n{"prompt": "Count to ten."}\n')  # row 1 edited
     monkeypatch.setattr(model, "generate", _never, raising=False)
     with pytest.raises(ResumeError, match=r"other text under prompt id\(s\) 1 \(edited data set"):
-        run_eval(model, tok, load_prompts(data), ["hf"], out_dir=out, max_new_tokens=4, **_quiet())
+        run_eval(model, tok, load_prompts(data), EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4, **_quiet()))
     # the unchanged prompt alone still resumes (nothing to run)
-    report = run_eval(model, tok, load_prompts(data)[:1], ["hf"], out_dir=out, max_new_tokens=4, **_quiet())
+    report = run_eval(model, tok, load_prompts(data)[:1], EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4,
+                                                                     **_quiet()))
     assert report.to_dict()["prompts"] == 1
 
 
@@ -216,11 +223,11 @@ def test_resume_refuses_another_prompt_column(tiny, tmp_path, monkeypatch):
     data = tmp_path / "q.csv"
     data.write_text("prompt,question\nHello there,Why?\nCount.,How many?\n")
     out = tmp_path / "out"
-    run_eval(model, tok, load_prompts(data), ["hf"], out_dir=out, max_new_tokens=4, **_quiet())
+    run_eval(model, tok, load_prompts(data), EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4, **_quiet()))
     monkeypatch.setattr(model, "generate", _never, raising=False)
     with pytest.raises(ResumeError, match=r"prompt id\(s\) 0, 1 .*another --prompt-column"):
-        run_eval(model, tok, load_prompts(data, prompt_column="question"), ["hf"], out_dir=out, max_new_tokens=4,
-                 **_quiet())
+        run_eval(model, tok, load_prompts(data, prompt_column="question"),
+                 EvalConfig(methods=["hf"], out_dir=out, max_new_tokens=4, **_quiet()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,5 +261,5 @@ def test_out_that_is_a_file_or_unwritable_fails_before_the_model_loads(tmp_path,
         err = capsys.readouterr().err.strip().splitlines()
         assert "argument --out" in err[-1] and message in err[-1], err
         with pytest.raises(OutputDirError, match=message):  # the Python API too, before touching the model
-            run_eval(None, None, ["Hi."], out_dir=out)
+            run_eval(None, None, ["Hi."], EvalConfig(out_dir=out))
 

@@ -321,9 +321,35 @@ def test_missing_package_is_clear(model, monkeypatch):
 def test_registry_describes_every_scheme():
     for name, info in SCHEMES.items():
         assert info.name == name and info.description and info.backends
+        assert info.bits > 0 and set(info.compute_dtypes) == set(info.backends)  # storage and compute per device
     cpu = available_schemes("cpu")
     assert {"fp32", "bf16", "int8", "int8-dynamic", "int8-weight-only", "int4"} <= set(cpu)
     assert all(SCHEMES[s].backend("cpu") for s in cpu)
+
+
+def test_backends_are_read_from_the_one_scheme_table():
+    """quantize()'s backends take their names and compute dtypes from SCHEMES, which the planner reads too."""
+    from specdec.quant.backends import BACKENDS
+    from specdec.quant.core import _DTYPE_SCHEMES
+
+    for name, info in SCHEMES.items():
+        for device, backend in info.backends.items():
+            if info.cast_dtype is not None:
+                assert (name, device) not in BACKENDS and str(_DTYPE_SCHEMES[name]) == f"torch.{info.cast_dtype}"
+                continue
+            entry = BACKENDS[(name, device)]
+            assert entry[0] == backend and str(entry[3]) == f"torch.{info.compute_dtypes[device]}"
+    assert {k[0] for k in BACKENDS} | set(_DTYPE_SCHEMES) == set(SCHEMES)
+
+
+def test_scheme_table_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from specdec.quant import SCHEMES, parse_scheme; parse_scheme('int4:g64+head8'); "
+            "SCHEMES['int8'].compute_dtype('cuda:1'); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr[-2000:]
 
 
 # --------------------------------------------------------------------------------------------

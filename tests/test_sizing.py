@@ -11,8 +11,10 @@ import re
 import pytest
 import torch
 
-from specdec import presets, sizing
-from specdec.sizing import GiB, PlanError
+from specdec import sizing
+from specdec.sizing import GiB, PlanError, presets
+from specdec.sizing.weights import _weight_model
+from specdec.slots import cache_slots
 
 # --------------------------------------------------------------------------------------------
 # published arithmetic
@@ -162,7 +164,7 @@ def test_weight_bytes_by_dtype_and_quantization():
     # The embedding stays bf16: 128256 x 4096 x 2 bytes is a floor for every scheme.
     assert int4 > 128256 * 4096 * 2
     # int4 with group 32: 4 bits + a 4-byte scale/zero pair per 32 weights = 5 bits per quantized weight.
-    linears, _ = sizing._weight_model(sizing.load_config("llama-3-8b"))
+    linears, _ = _weight_model(sizing.load_config("llama-3-8b"))
     block = sum(l.in_features * l.out_features * l.count for l in linears)
     head = 128256 * 4096
     assert int4 == pytest.approx((params - block - head) * 2 + (block + head) * 5 / 8, rel=1e-6)
@@ -252,10 +254,72 @@ def test_copy_weight_test_skips_only_for_a_missing_backend(monkeypatch):
             _quantize_or_skip(model, "nf4")
 
 
-@pytest.mark.parametrize("bad", ["int9", "magic", "bf16:g32", "int8-dynamic:g32"])
+@pytest.mark.parametrize("bad", ["int9", "magic", "bf16:g32", "int8-dynamic:g32",
+                                 # accepted by the planner once, never by specdec.quant: no longer planned
+                                 "fp8", "int3", "int2:g32", "nf4-dq", "fp4-dq", "int8:g32", "int4-g32", "int4:g48",
+                                 "qint8", "half", "float64", "no", ""])
 def test_bad_quantization_names(bad):
+    from specdec.quant import UnknownSchemeError, parse_scheme
+
     with pytest.raises(ValueError):
         sizing.parse_quant(bad)
+    with pytest.raises(UnknownSchemeError):  # the same refusal as specdec.quant's
+        parse_scheme(bad)
+
+
+# Every form the grammar allows for each registered name and alias ("none" is the planner's "no
+# quantization", tested apart).
+def _scheme_spellings() -> list[str]:
+    from specdec.quant import SCHEMES, scheme_names
+
+    out = []
+    for name in scheme_names():
+        base = SCHEMES.get(name)
+        grouped = base is not None and base.default_group_size is not None
+        for suffix in ("", "+head", "+head8", "+head16"):
+            out.append(name + suffix)
+            if grouped:
+                out += [f"{name}:g64{suffix}", f"{name}:g128{suffix}"]
+    return [s for s in out if not s.startswith("none")]
+
+
+@pytest.mark.parametrize("spec", _scheme_spellings())
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_planner_and_specdec_quant_read_one_scheme_table(spec, device):
+    """The planner accepts exactly what specdec.quant accepts, names it the same, and agrees with
+    quantize() on the compute dtype per device (what the copy's KV cache is stored in)."""
+    from specdec.quant import parse_scheme
+    from specdec.quant.backends import BACKENDS
+    from specdec.quant.core import _DTYPE_SCHEMES
+
+    parsed = parse_scheme(spec)
+    scheme = sizing.parse_quant(spec, device)
+    assert scheme.name == parsed.canonical()
+    assert scheme.group_size == (parsed.group_size or parsed.info.block_size)
+    assert scheme.quantize_head == (not parsed.keep_head)
+    quant_dtype = _DTYPE_SCHEMES.get(parsed.base) or BACKENDS[(parsed.base, device)][3]
+    assert f"torch.{scheme.compute_dtype}" == str(quant_dtype)
+
+
+def test_none_means_no_quantization_to_the_planner():
+    from specdec.quant import parse_scheme
+
+    assert sizing.parse_quant(None) is None and sizing.parse_quant("none") is None and sizing.parse_quant(" None ") is None
+    assert parse_scheme("none").base == "fp32"  # specdec.quant: an fp32 copy (docs/sizing.md says why they differ)
+
+
+def test_int8_computes_in_fp16_on_cuda_and_bf16_on_cpu():
+    plan_cpu = sizing.plan("smollm2-135m", "self", draft_quant="int8", dtype="float32", context=256)
+    plan_cuda = sizing.plan("smollm2-135m", "self", draft_quant="int8", dtype="float32", context=256, device="cuda")
+    per_token = sizing.kv_bytes_per_token("smollm2-135m", "bf16")
+    assert plan_cpu.drafter_kv_bytes_per_token == per_token == plan_cuda.drafter_kv_bytes_per_token  # both 2 bytes
+    assert sizing.parse_quant("int8", "cuda").compute_dtype == "float16"
+    assert sizing.parse_quant("int8", "cpu").compute_dtype == "bfloat16"
+    assert sizing.parse_quant("int8-dynamic", "cpu").compute_dtype == "float32"  # torch.ao computes in fp32
+    with pytest.raises(SystemExit):
+        parser = argparse.ArgumentParser()
+        sizing.add_plan_arguments(parser)
+        parser.parse_args(["--model", "smollm2-135m", "--device", "gpu"])
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,7 +487,8 @@ def test_plan_breakdown_adds_up():
     p = sizing.plan("llama-3-8b", "llama-3.2-1b", memory="80GiB", context=8192, batch=2)
     assert p.total_bytes == (p.verifier_weight_bytes + p.drafter_weight_bytes + p.verifier_cache_bytes
                              + p.drafter_cache_bytes + p.activation_bytes + p.runtime_reserve_bytes)
-    assert p.cache_len == 8192 + 8 + 1
+    # the engine's slots for 2 rows: the context plus a ragged batch's slack, for an unknown (1-token) prompt
+    assert p.cache_len == cache_slots(2, 1, 8192, 8) == 8192 + 8191 // 4 + 2 * 9
     assert p.verifier_cache_bytes == sizing.managed_cache_bytes("llama-3-8b", 2, p.cache_len, "bfloat16")
     assert p.drafter_cache_bytes == sizing.managed_cache_bytes("llama-3.2-1b", 2, p.cache_len, "bfloat16")
     assert p.kv_bytes_per_token == 131072
@@ -497,8 +562,52 @@ def test_plan_without_memory_has_no_limits_and_defaults():
 def test_plan_sliding_window_uses_full_context_for_the_managed_cache():
     p = sizing.plan("mistral-7b", context=16384, dtype="float16", draft_len=0)
     assert p.kv_cache_bytes == 4096 * 131072  # a windowed cache
-    assert p.verifier_cache_bytes == (16384 + 1) * 131072  # specdec's managed cache keeps it all
+    assert p.verifier_cache_bytes == 16384 * 131072  # specdec's managed cache keeps it all (one row: no slack)
     assert any("sliding" in note for note in p.notes)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("prompt_len", [None, 100, 4000])
+def test_planner_slots_are_the_engines(batch, prompt_len):
+    """The planner sizes both caches with specdec.slots.cache_slots, the engine's own formula."""
+    context, k = 4096, 5
+    p = sizing.plan("llama-3-8b", "llama-3.2-1b", context=context, batch=batch, draft_len=k, prompt_len=prompt_len)
+    expected = cache_slots(batch, min(prompt_len or 1, context), context, k)  # unknown prompt: the largest slack
+    assert p.cache_len == expected
+    if batch == 1:
+        assert p.cache_len == context  # one row never needs more than prompt + new tokens
+    assert p.verifier_cache_bytes == sizing.managed_cache_bytes("llama-3-8b", batch, expected, "bfloat16")
+    assert p.drafter_cache_bytes == sizing.managed_cache_bytes("llama-3.2-1b", batch, expected, "bfloat16")
+    assert sizing.cache_len(prompt_len or 1, context - (prompt_len or 1), k, batch_size=batch) == expected
+
+
+def test_plan_and_check_fits_count_the_same():
+    """check_fits and plan share one budget computation: same caches and activations for the same call."""
+    p = sizing.plan("llama-3-8b", "llama-3.2-1b", context=2048, batch=3, prompt_len=512)
+    fit = sizing.check_fits("llama-3-8b", "llama-3.2-1b", 3, p.cache_len, "bfloat16", "1TiB", prefill_tokens=512,
+                            include_weights=True)
+    assert (fit.verifier_cache_bytes, fit.drafter_cache_bytes, fit.activation_bytes, fit.weight_bytes) == (
+        p.verifier_cache_bytes, p.drafter_cache_bytes, p.activation_bytes,
+        p.verifier_weight_bytes + p.drafter_weight_bytes)
+    assert fit.required_bytes == p.total_bytes - p.runtime_reserve_bytes
+
+
+@pytest.mark.parametrize("name", sorted(presets.PRESETS))
+def test_presets_size_the_same_without_transformers(name):
+    """The planner reads presets as plain dicts (no transformers); transformers' configs of them size the same."""
+    from specdec.sizing.configs import PresetConfig, resolve
+
+    raw = resolve(name)
+    assert isinstance(raw, PresetConfig)
+    cfg = sizing.load_config(name)
+    assert sizing.kv_layout(raw) == sizing.kv_layout(cfg)
+    assert sizing.kv_profile(raw).to_dict() == sizing.kv_profile(cfg).to_dict()
+    assert sizing.param_breakdown(raw) == sizing.param_breakdown(cfg)
+    for quant in (None, "int8", "int4+head8", "nf4", "bf16"):
+        assert sizing.weight_bytes(raw, "bfloat16", quant) == sizing.weight_bytes(cfg, "bfloat16", quant)
+        assert sizing.copy_weight_bytes(raw, "float32", quant) == sizing.copy_weight_bytes(cfg, "float32", quant)
+    assert sizing.activation_bytes(raw, 100, "bf16", 5) == sizing.activation_bytes(cfg, 100, "bf16", 5)
+    assert sizing.plan(name, memory="4TiB").to_dict() == sizing.plan(cfg, memory="4TiB").to_dict()
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,8 +616,9 @@ def test_plan_sliding_window_uses_full_context_for_the_managed_cache():
 
 
 def test_check_fits_passes_and_fails_early():
-    length = sizing.cache_len(prompt_len=100, max_new_tokens=400, draft_len=8)
-    assert length == 509
+    assert sizing.cache_len(prompt_len=100, max_new_tokens=400, draft_len=8) == 500  # one row: max_length
+    length = sizing.cache_len(prompt_len=100, max_new_tokens=400, draft_len=8, batch_size=4)
+    assert length == cache_slots(4, 100, 500, 8) == 500 + 400 // 4 + 2 * 9
     ok = sizing.check_fits("smollm2-135m", "smollm2-135m", 4, length, torch.float32, 8 * GiB)
     assert ok.verifier_cache_bytes == sizing.managed_cache_bytes("smollm2-135m", 4, length, "float32")
     assert ok.required_bytes == ok.verifier_cache_bytes + ok.drafter_cache_bytes + ok.activation_bytes
@@ -573,6 +683,29 @@ def test_run_plan_errors(capsys):
                       "--json"], capsys)
     data = json.loads(out.strip().splitlines()[-1])
     assert code == 1 and data["fits"] is False and data["max_batch"] < 16
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plan", "--help"],
+                                  ["plan", "--model", "llama-3-8b", "--draft", "self", "--draft-quant", "int4+head8",
+                                   "--memory", "24GiB", "--batch", "4", "--context", "2048", "--json"]])
+def test_help_and_plan_import_neither_torch_nor_transformers(argv):
+    """`specdec --help` and `specdec plan PRESET` must start fast: no torch, no transformers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, specdec.cli\n"
+        "try:\n"
+        f"    code = specdec.cli.main({argv!r})\n"
+        "except SystemExit as exit:\n"
+        "    code = exit.code\n"
+        "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "print('HEAVY', heavy, 'CODE', code, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "HEAVY [] CODE 0" in done.stderr, done.stderr[-2000:]
+    if "--json" in argv:
+        assert json.loads(done.stdout.strip().splitlines()[-1])["drafter_shares_weights"] is True
 
 
 def test_prompt_len_and_headroom_options():

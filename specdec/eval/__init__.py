@@ -1,34 +1,34 @@
 """Evaluation: prompt sets, side-by-side runs against transformers' baselines, metrics, reports, plots.
 
->>> from specdec.eval import run_eval, load_prompts
->>> report = run_eval(model, tokenizer, load_prompts(per_group=1), out_dir="eval-out",
-...                   draft="self:int8", num_draft_tokens=[2, 4], baselines=["hf", "hf-assisted"])
+>>> from specdec.eval import EvalConfig, load_prompts, run_eval
+>>> config = EvalConfig(out_dir="eval-out", draft="self:int8", num_draft_tokens=[2, 4],
+...                     baselines=["hf", "hf-assisted"])
+>>> report = run_eval(model, tokenizer, load_prompts(per_group=1), config)
 >>> report.method("specdec[self:int8,k=4]")["speedup"]      # tokens/s ratio over model.generate
 >>> print(report)                                           # the markdown report
+
+Modules: :mod:`~specdec.eval.config` (:class:`EvalConfig`), :mod:`~specdec.eval.methods` (methods,
+drafters for both sides), :mod:`~specdec.eval.measure` (timing one generation),
+:mod:`~specdec.eval.records` (the output directory, resume checks), :mod:`~specdec.eval.runner` (the
+loop), :mod:`~specdec.eval.report` and :mod:`~specdec.eval.plots`; prompts come from :mod:`specdec.prompts`.
 
 Command line: ``specdec eval ...`` or ``python -m specdec.eval ...`` (see docs/eval.md).
 Heavy dependencies (datasets, evaluate, accelerate, matplotlib: ``pip install 'specdec[eval]'``)
 are imported only when used.
 """
 
-from specdec.eval.datasets import DatasetError, Prompt, default_dataset, load_prompts, select_per_group
+from specdec.drafters import register_drafter  # the one drafter registry; re-exported here for older code
+from specdec.eval.config import EvalConfig
+from specdec.eval.methods import MethodSpec, ResolvedDraft, plan_methods, resolve_draft
 from specdec.eval.metrics import compute_metric, metric_path
+from specdec.eval.records import OutputDirError, ResumeError, check_out_dir, load_records
 from specdec.eval.report import EvalReport, build_summary
-from specdec.eval.runner import (
-    MethodSpec,
-    OutputDirError,
-    ResolvedDraft,
-    ResumeError,
-    check_out_dir,
-    load_records,
-    plan_methods,
-    register_drafter,
-    resolve_draft,
-    run_eval,
-)
+from specdec.eval.runner import run_eval
+from specdec.prompts import DatasetError, Prompt, default_dataset, load_prompts, select_per_group
 
 __all__ = [
     "DatasetError",
+    "EvalConfig",
     "EvalReport",
     "MethodSpec",
     "OutputDirError",

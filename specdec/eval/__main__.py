@@ -16,7 +16,7 @@ import shlex
 import sys
 from typing import Any
 
-from specdec.eval.runner import BASELINE_KINDS, DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
+from specdec.eval.methods import BASELINE_KINDS, DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
 
 DEFAULT_OUT = "specdec-eval"
 _AUTO = "auto"
@@ -45,7 +45,7 @@ def _baselines(value: str) -> list[str]:
 
 def _out_dir(value: str) -> str:
     """``--out``: refused at parse time (before the model loads) when it is a file or cannot be written."""
-    from specdec.eval.runner import OutputDirError, check_out_dir
+    from specdec.eval.records import OutputDirError, check_out_dir
 
     try:
         check_out_dir(value)
@@ -136,7 +136,7 @@ def _command_line(argv: list[str]) -> str:
 
 def _select(prompts: list, per_group: Any) -> tuple[list, int | None]:
     """``--per-group``: the default takes 1 per task group, but every prompt of a set without groups."""
-    from specdec.eval.datasets import DEFAULT_GROUP, select_per_group
+    from specdec.prompts import DEFAULT_GROUP, select_per_group
 
     if per_group == _AUTO:
         per_group = None if {p.group for p in prompts} == {DEFAULT_GROUP} else 1
@@ -151,11 +151,13 @@ def run_eval(args: argparse.Namespace) -> int:
     import torch
     from accelerate import PartialState
 
+    from specdec.draft_spec import DraftSpecError
     from specdec.drafters import VocabularyMismatchError
-    from specdec.eval.datasets import DatasetError, default_dataset, load_prompts
-    from specdec.eval.runner import OutputDirError, ResumeError
+    from specdec.eval.config import EvalConfig
+    from specdec.eval.records import OutputDirError, ResumeError
     from specdec.eval.runner import run_eval as evaluate_model
     from specdec.models import ModelNotFoundError, load_model
+    from specdec.prompts import DatasetError, default_dataset, load_prompts
     from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
 
     dataset = args.dataset or default_dataset()
@@ -180,19 +182,20 @@ def run_eval(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {err}") from None
 
     command = getattr(args, "command_line", None) or _command_line(sys.argv[1:])
+    config = EvalConfig(
+        out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens, baselines=args.baselines,
+        adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+        temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=not args.no_chat_template,
+        prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size,
+        compile_drafter=args.compile_drafter, warmup=not args.no_warmup, progress=not args.no_progress,
+        plots=not args.no_plots, overwrite=args.overwrite, model_name=args.model, dataset=str(dataset),
+        summary_config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
+                        "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "command": command},
+    )
     try:
-        report = evaluate_model(
-            model, tokenizer, prompts, out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens,
-            baselines=args.baselines, adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
-            temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=not args.no_chat_template,
-            prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size, compile_drafter=args.compile_drafter,
-            warmup=not args.no_warmup,
-            progress=not args.no_progress, plots=not args.no_plots, overwrite=args.overwrite,
-            model_name=args.model, dataset=str(dataset),
-            config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
-                    "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "command": command},
-        )
-    except (ResumeError, OutputDirError, UnknownSchemeError, UnsupportedSchemeError, VocabularyMismatchError, ModelNotFoundError) as err:
+        report = evaluate_model(model, tokenizer, prompts, config)
+    except (ResumeError, OutputDirError, DraftSpecError, UnknownSchemeError, UnsupportedSchemeError,
+            VocabularyMismatchError, ModelNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
     if state.is_main_process:
         print(report.markdown())

@@ -37,15 +37,12 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Iterable, Mapping, Sequence
 
-from specdec.eval.datasets import Prompt, group_order
+from specdec.eval.methods import HF_COMPILED
 from specdec.eval.metrics import compute_metric
+from specdec.eval.records import OUTPUT_FILES, REPORT_FILE, SUMMARY_FILE, load_records
+from specdec.prompts import Prompt, group_order
 
-SUMMARY_FILE = "summary.json"
-REPORT_FILE = "report.md"
 OVERALL = "overall"
-HF_COMPILED = "hf-compiled"
-#: files a run writes besides its records (``--overwrite`` removes exactly these)
-OUTPUT_FILES = (SUMMARY_FILE, REPORT_FILE, "speedup_per_group.png", "acceptance_by_position.png", "speedup_vs_k.png")
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
@@ -301,8 +298,6 @@ class EvalReport:
     @classmethod
     def load(cls, out_dir: str | os.PathLike) -> "EvalReport":
         """Read a finished run back from its output directory."""
-        from specdec.eval.runner import load_records
-
         out = Path(out_dir)
         return cls(json.loads((out / SUMMARY_FILE).read_text()), load_records(out), out)
 

@@ -13,6 +13,9 @@ from typing import Any, Callable, Iterable
 import torch
 
 from specdec.api import SpeculativeModel
+from specdec.prompts import encode_prompt  # re-exported: specdec.eval.side_by_side.encode_prompt is public
+
+__all__ = ["BUILTIN_PROMPTS", "Comparison", "PromptResult", "compare", "encode_prompt"]
 
 BUILTIN_PROMPTS: list[dict[str, str]] = [
     {"task": "chat", "prompt": "What are three good habits for staying focused while working from home?"},
@@ -109,19 +112,6 @@ class Comparison:
             f"{self.mean_accepted_length:>6.2f}  {sum(r.identical for r in self.results)}/{len(self.results)}"
         )
         return "\n".join(lines)
-
-
-def encode_prompt(tokenizer: Any, prompt: str, chat: bool = True) -> torch.Tensor:
-    """Token ids for one prompt, through the chat template when the tokenizer has one."""
-    if not prompt or not prompt.strip():
-        raise ValueError("empty prompt: give the model some text to continue")
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
-    else:
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    return ids
 
 
 def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:

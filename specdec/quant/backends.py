@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .schemes import ParsedScheme
+from .schemes import SCHEMES, ParsedScheme
 
 Target = tuple[nn.Module, str, nn.Linear]  # (parent, attribute name, linear)
 
@@ -356,21 +356,29 @@ def _bnb_4bit(quant_type: str) -> Callable:
 
 Backend = tuple[str, Callable[[str], "str | None"], Callable, torch.dtype]
 
+#: (scheme, device type) -> (probe, apply). The backend's name and the compute dtype come from
+#: :data:`specdec.quant.schemes.SCHEMES`, the one table the planner reads too.
+_IMPLEMENTATIONS: dict[tuple[str, str], tuple[Callable[[str], "str | None"], Callable]] = {
+    ("int8", "cpu"): (int8_weight_only_available, torch_int8_weight_only),
+    ("int8", "cuda"): (bnb_int8_available, bnb_int8),
+    ("int8-dynamic", "cpu"): (torch_ao_available, torch_ao_dynamic_int8),
+    ("int8-dynamic", "cuda"): (torchao_available, _torchao_apply("Int8DynamicActivationInt8WeightConfig")),
+    ("int8-weight-only", "cpu"): (int8_weight_only_available, torch_int8_weight_only),
+    ("int8-weight-only", "cuda"): (torchao_available, _torchao_apply("Int8WeightOnlyConfig")),
+    ("int4", "cpu"): (int4_available, torch_int4),
+    ("int4", "cuda"): (int4_available, torch_int4),
+    ("nf4", "cpu"): (bnb_available, _bnb_4bit("nf4")),
+    ("nf4", "cuda"): (bnb_available, _bnb_4bit("nf4")),
+    ("fp4", "cpu"): (bnb_available, _bnb_4bit("fp4")),
+    ("fp4", "cuda"): (bnb_available, _bnb_4bit("fp4")),
+}
+
+
+def _entry(scheme: str, device: str, probe: Callable[[str], "str | None"], apply: Callable) -> Backend:
+    info = SCHEMES[scheme]
+    return info.backends[device], probe, apply, getattr(torch, info.compute_dtypes[device])
+
+
 BACKENDS: dict[tuple[str, str], Backend] = {
-    ("int8", "cpu"): ("torch", int8_weight_only_available, torch_int8_weight_only, torch.bfloat16),
-    ("int8", "cuda"): ("bitsandbytes", bnb_int8_available, bnb_int8, torch.float16),
-    ("int8-dynamic", "cpu"): ("torch.ao", torch_ao_available, torch_ao_dynamic_int8, torch.float32),
-    ("int8-dynamic", "cuda"): (
-        "torchao", torchao_available, _torchao_apply("Int8DynamicActivationInt8WeightConfig"), torch.bfloat16,
-    ),
-    ("int8-weight-only", "cpu"): ("torch", int8_weight_only_available, torch_int8_weight_only, torch.bfloat16),
-    ("int8-weight-only", "cuda"): (
-        "torchao", torchao_available, _torchao_apply("Int8WeightOnlyConfig"), torch.bfloat16,
-    ),
-    ("int4", "cpu"): ("torch", int4_available, torch_int4, torch.bfloat16),
-    ("int4", "cuda"): ("torch", int4_available, torch_int4, torch.bfloat16),
-    ("nf4", "cpu"): ("bitsandbytes", bnb_available, _bnb_4bit("nf4"), torch.bfloat16),
-    ("nf4", "cuda"): ("bitsandbytes", bnb_available, _bnb_4bit("nf4"), torch.bfloat16),
-    ("fp4", "cpu"): ("bitsandbytes", bnb_available, _bnb_4bit("fp4"), torch.bfloat16),
-    ("fp4", "cuda"): ("bitsandbytes", bnb_available, _bnb_4bit("fp4"), torch.bfloat16),
+    key: _entry(*key, probe, apply) for key, (probe, apply) in _IMPLEMENTATIONS.items()
 }

@@ -11,8 +11,8 @@ from ._copy import cast_output_hook, convert_tensors, shared_copy
 from .backends import BACKENDS, Target
 from .schemes import SCHEMES, ParsedScheme, UnsupportedSchemeError, device_type, parse_scheme
 
-#: plain dtype schemes: no backend module, just a cast of every floating parameter
-_DTYPE_SCHEMES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: plain dtype schemes (from the scheme table): no backend module, just a cast of every floating parameter
+_DTYPE_SCHEMES = {name: getattr(torch, info.cast_dtype) for name, info in SCHEMES.items() if info.cast_dtype}
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from specdec.prompts import PromptFileError, read_prompt_file, round_robin
+from specdec.prompts import PromptFileError, encode_prompt, read_prompt_file, round_robin
 
 from . import model_bytes, quantize
 from .grid import GRID_BOUND_NOTE, GRID_TOLERANCE, weight_error
@@ -80,17 +80,6 @@ def load_prompts(path: str | None = None, limit: int | None = None) -> list[str]
         prompts = list(BUILTIN_PROMPTS)
         return prompts[:limit] if limit else prompts
     return [r.text for r in round_robin(read_prompt_file(path), limit)]
-
-
-def _encode(tokenizer, prompt: str) -> torch.Tensor:
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt",
-            return_dict=True,
-        )["input_ids"]
-    else:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-    return ids
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,7 +134,7 @@ def _greedy_references(model, tokenizer, prompts: Sequence[str], positions: int)
     for p in prompts:
         if total >= positions:
             break
-        ids = _encode(tokenizer, p).to(dev)
+        ids = encode_prompt(tokenizer, p).to(dev)
         n = min(per_prompt, positions - total)
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,

@@ -1,4 +1,4 @@
-"""Scheme names, their parsing, and the registry of which backend serves which device.
+"""Scheme names, their parsing, and the one table of what each scheme stores and where it runs.
 
 A scheme string is ``BASE[:gN][+head|+head8|+head16]``:
 
@@ -10,14 +10,21 @@ A scheme string is ``BASE[:gN][+head|+head8|+head16]``:
 * ``+head8`` quantizes the head with per-channel int8 weights (``int8-weight-only``) whatever the
   body's scheme; ``+head16`` keeps it in bf16. On SmolLM2, int4 loses most of its agreement in
   the head: ``int4+head8`` agrees 0.99 where ``int4`` agrees 0.88, for ~15% more time per token.
+
+:data:`SCHEMES` is the only table of schemes: :func:`specdec.quant.quantize` (through
+:data:`specdec.quant.backends.BACKENDS`) and the memory planner (:func:`specdec.sizing.parse_quant`)
+both read it, so they accept the same names and agree on storage and compute dtypes. This module
+does not import torch at import time, so ``specdec plan`` can read the table without it.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class UnknownSchemeError(ValueError):
@@ -40,42 +47,57 @@ class UnsupportedSchemeError(ValueError):
 
 @dataclass(frozen=True)
 class SchemeInfo:
-    """One registered scheme: its name, what it does, and its backend per device type."""
+    """One registered scheme: what it does, how it stores a linear weight, and where it runs.
+
+    Storage (read by the planner): ``bits`` per weight plus ``overhead_bytes`` of scales and zero
+    points per group of input weights: the scheme's group size (``:gN``, else
+    ``default_group_size``), else its fixed ``block_size``, else one group per output channel.
+    Overheads follow the CPU backends (docs/sizing.md lists them).
+    """
 
     name: str
     description: str
     #: device type ("cpu", "cuda") -> human-readable backend name
     backends: dict[str, str]
-    #: default group size for grouped schemes, None otherwise
+    #: default group size for grouped schemes (``:gN`` allowed), None otherwise
     default_group_size: int | None = None
     aliases: tuple[str, ...] = ()
     notes: str = ""
+    #: bits per stored weight of a quantized (or cast) linear layer
+    bits: float = 16.0
+    #: bytes of scales / zero points per group (see the class docstring)
+    overhead_bytes: float = 0.0
+    #: weights per overhead group for schemes whose group cannot be chosen (bitsandbytes blocks)
+    block_size: int | None = None
+    #: device type -> dtype (name) the copy computes, and so caches KV, in
+    compute_dtypes: dict[str, str] = field(default_factory=dict)
+    #: the float dtype (name) of a plain cast scheme (fp32/bf16/fp16); None for quantized schemes
+    cast_dtype: str | None = None
 
-    def backend(self, device: str) -> str | None:
+    def backend(self, device: Any) -> str | None:
+        """The backend's name on ``device`` (None when the scheme has none there)."""
         return self.backends.get(device_type(device))
 
+    def compute_dtype(self, device: Any) -> str | None:
+        """Name of the dtype the copy computes in on ``device`` (``"bfloat16"``...), None if it cannot run there."""
+        return self.compute_dtypes.get(device_type(device))
+
+
+def _cast(name: str, description: str, dtype: str, bits: int, aliases: tuple[str, ...]) -> SchemeInfo:
+    return SchemeInfo(name, description, {"cpu": "torch", "cuda": "torch"}, aliases=aliases, bits=bits,
+                      compute_dtypes={"cpu": dtype, "cuda": dtype}, cast_dtype=dtype)
+
+
+_BF16 = {"cpu": "bfloat16", "cuda": "bfloat16"}
 
 SCHEMES: dict[str, SchemeInfo] = {
     s.name: s
     for s in [
-        SchemeInfo(
-            "fp32",
-            "unquantized float32 copy (the copy shares every tensor with the source if it is fp32)",
-            {"cpu": "torch", "cuda": "torch"},
-            aliases=("none", "float32"),
-        ),
-        SchemeInfo(
-            "bf16",
-            "bfloat16 weights and activations",
-            {"cpu": "torch", "cuda": "torch"},
-            aliases=("bfloat16",),
-        ),
-        SchemeInfo(
-            "fp16",
-            "float16 weights and activations (on CPU fp16 matmuls are slow: prefer bf16)",
-            {"cpu": "torch", "cuda": "torch"},
-            aliases=("float16",),
-        ),
+        _cast("fp32", "unquantized float32 copy (the copy shares every tensor with the source if it is fp32)",
+              "float32", 32, ("none", "float32")),
+        _cast("bf16", "bfloat16 weights and activations", "bfloat16", 16, ("bfloat16",)),
+        _cast("fp16", "float16 weights and activations (on CPU fp16 matmuls are slow: prefer bf16)",
+              "float16", 16, ("float16",)),
         SchemeInfo(
             "int8",
             "the best int8 for the device. CPU: per-channel int8 weights with bf16 activations on "
@@ -83,6 +105,8 @@ SCHEMES: dict[str, SchemeInfo] = {
             "with fp32 where dynamic int8 agreed 0.84, at ~15% more time per token). "
             "CUDA: bitsandbytes LLM.int8 (Linear8bitLt, outlier threshold 6.0)",
             {"cpu": "torch", "cuda": "bitsandbytes"},
+            bits=8, overhead_bytes=2.0,  # a bf16 scale per output channel
+            compute_dtypes={"cpu": "bfloat16", "cuda": "float16"},
         ),
         SchemeInfo(
             "int8-dynamic",
@@ -90,12 +114,15 @@ SCHEMES: dict[str, SchemeInfo] = {
             "Linear (per-tensor activation scale, full 8-bit range); CUDA: torchao "
             "Int8DynamicActivationInt8WeightConfig (per-token scales)",
             {"cpu": "torch.ao", "cuda": "torchao"},
+            bits=8, overhead_bytes=8.0,  # fbgemm: an fp32 scale and an int32 zero point per output channel
+            compute_dtypes={"cpu": "float32", "cuda": "bfloat16"},
         ),
         SchemeInfo(
             "int8-weight-only",
             "per-channel int8 weights, activations in the compute dtype (bf16 on CPU). CPU: torch's "
             "built-in aten._weight_int8pack_mm kernel; CUDA: torchao Int8WeightOnlyConfig",
             {"cpu": "torch", "cuda": "torchao"},
+            bits=8, overhead_bytes=2.0, compute_dtypes=_BF16,
         ),
         SchemeInfo(
             "int4",
@@ -104,18 +131,24 @@ SCHEMES: dict[str, SchemeInfo] = {
             "aten._weight_int4pack_mm",
             {"cpu": "torch", "cuda": "torch"},
             default_group_size=32,
+            bits=4, overhead_bytes=4.0,  # a bf16 scale and a bf16 zero per group
+            compute_dtypes=_BF16,
         ),
         SchemeInfo(
             "nf4",
             "bitsandbytes 4-bit NormalFloat weights (block 64), bf16 compute",
             {"cpu": "bitsandbytes", "cuda": "bitsandbytes"},
             notes="needs the bitsandbytes package; its CPU backend works but is not fast",
+            bits=4, overhead_bytes=4.0, block_size=64,  # an fp32 absmax per block
+            compute_dtypes=_BF16,
         ),
         SchemeInfo(
             "fp4",
             "bitsandbytes 4-bit float weights (block 64), bf16 compute",
             {"cpu": "bitsandbytes", "cuda": "bitsandbytes"},
             notes="needs the bitsandbytes package; its CPU backend works but is not fast",
+            bits=4, overhead_bytes=4.0, block_size=64,
+            compute_dtypes=_BF16,
         ),
     ]
 }
@@ -154,10 +187,19 @@ class ParsedScheme:
         return s
 
 
+_DEVICE_RE = re.compile(r"^(cpu|cuda|mps|xpu|meta)(?::\d+)?$")
+
+
 def device_type(device: str | torch.device | None) -> str:
     """``"cuda:1"`` -> ``"cuda"``; ``None`` -> ``"cpu"``."""
     if device is None:
         return "cpu"
+    if isinstance(device, str):
+        m = _DEVICE_RE.match(device)
+        if m:  # the common spellings need no torch: the planner calls this without it
+            return m.group(1)
+    import torch  # anything else: torch validates it (and raises for a bad name)
+
     return torch.device(device).type
 
 

@@ -7,24 +7,29 @@ Two schemas are understood:
   ``mt_bench`` group, as in the Spec-Bench paper; the other rows are grouped by ``category``.
 - A plain ``prompt`` column, optionally with a ``category`` / ``task`` / ``group`` column.
 
-Any other text column can be named with ``prompt_column``.
+Any other text column can be named with ``prompt_column``. Every problem is a :class:`DatasetError`
+whose message is one line naming the source (and the row where one applies).
 """
 
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from specdec.prompts import GROUP_FIELDS, ID_FIELDS, TEXT_FIELDS, first_text
+from specdec.prompts.groups import select_per_group
+from specdec.prompts.schema import (
+    DEFAULT_GROUP,
+    GROUP_FIELDS,
+    ID_FIELDS,
+    MT_BENCH_GROUP,
+    MT_BENCH_IDS,
+    TEXT_FIELDS,
+    Prompt,
+    first_text,
+    row_text,
+)
 
-#: Spec-Bench question ids 81-160 are the 80 MT-Bench questions; Spec-Bench reports them as one group.
-MT_BENCH_IDS = range(81, 161)
-MT_BENCH_GROUP = "mt_bench"
-#: group of prompts from a set with no group column
-DEFAULT_GROUP = "prompts"
 SPEC_BENCH_ENV = "SPECDEC_SPEC_BENCH"
 
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
@@ -32,24 +37,6 @@ _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".
 
 class DatasetError(ValueError):
     """A prompt set could not be found, loaded or understood (the message says which and why)."""
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One evaluation prompt.
-
-    Attributes:
-        id: stable identifier within the set (``question_id`` / ``id`` column, else the row number);
-            results are recorded, and resumed, per ``(id, method)``.
-        group: task group the prompt is reported under.
-        text: the user turn fed through the chat template.
-        reference: a reference answer when the set has one (Spec-Bench ``reference``), else ``None``.
-    """
-
-    id: str
-    group: str
-    text: str
-    reference: str | None = None
 
 
 def default_dataset() -> Path | None:
@@ -109,7 +96,7 @@ def load_rows(source: str | os.PathLike, *, split: str = "train", config: str | 
 
 
 def rows_to_prompts(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[Mapping[str, Any]],
     columns: Sequence[str],
     *,
     source: str = "dataset",
@@ -130,10 +117,7 @@ def rows_to_prompts(
 
     prompts, seen = [], set()
     for n, row in enumerate(rows):
-        text = first_text(row.get(text_col))
-        if text is None:
-            # JSON Lines files may mix schemas (a 'prompt' row in a Spec-Bench file): fall back per row
-            text = next((t for c in TEXT_FIELDS if c in row and (t := first_text(row[c])) is not None), None)
+        text = row_text(row, text_col)
         if text is None or not text.strip():
             raise DatasetError(f"{source}: row {n + 1} has no non-empty {text_col!r} text")
         pid = str(row[id_col]) if id_col is not None and row.get(id_col) is not None else str(n)
@@ -188,20 +172,19 @@ def load_prompts(
     return select_per_group(prompts, per_group)
 
 
-def select_per_group(prompts: Sequence[Prompt], per_group: int | None) -> list[Prompt]:
-    """The first ``per_group`` prompts of each group, groups in order of first appearance (``None``: all)."""
-    if per_group is None:
-        return list(prompts)
-    if per_group < 1:
-        raise ValueError(f"per_group must be >= 1 (or None for all), got {per_group}")
-    groups: OrderedDict[str, list[Prompt]] = OrderedDict()
-    for p in prompts:
-        bucket = groups.setdefault(p.group, [])
-        if len(bucket) < per_group:
-            bucket.append(p)
-    return [p for bucket in groups.values() for p in bucket]
-
-
-def group_order(prompts: Iterable[Prompt]) -> list[str]:
-    """Group names in order of first appearance."""
-    return list(OrderedDict.fromkeys(p.group for p in prompts))
+def as_prompts(prompts: Any) -> list[Prompt]:
+    """:class:`Prompt` objects from what the Python API accepts: Prompt objects, strings, dicts with a
+    ``prompt`` (or Spec-Bench ``turns``) field, or a dataset path / hub name for :func:`load_prompts`."""
+    if isinstance(prompts, (str, os.PathLike)):
+        return load_prompts(prompts)
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("no prompts to evaluate")
+    if all(isinstance(p, Prompt) for p in prompts):
+        return prompts
+    if all(isinstance(p, str) for p in prompts):
+        return [Prompt(id=str(i), group=DEFAULT_GROUP, text=t) for i, t in enumerate(prompts)]
+    if all(isinstance(p, Mapping) for p in prompts):
+        columns = list(dict.fromkeys(k for p in prompts for k in p))
+        return rows_to_prompts(prompts, columns, source="prompts")
+    raise TypeError("prompts must be Prompt objects, strings, dicts with a 'prompt' (or 'turns') field, or a path")

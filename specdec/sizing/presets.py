@@ -4,7 +4,10 @@ Each preset is a plain dict holding only the config fields that decide memory: l
 hidden size, query and key/value head counts, explicit ``head_dim`` where the real config sets
 one, vocabulary, MLP width, embedding tying, sliding windows and layer patterns, mixture-of-experts
 sizes and multi-head-latent-attention ranks, and the maximum position count. Nothing is
-downloaded: :func:`specdec.sizing.load_config` turns a preset into a transformers config offline.
+downloaded: the planner reads a preset as the plain dict it is (no transformers, no torch), and
+:func:`specdec.sizing.load_config` turns one into a transformers config offline. Each preset sizes
+the same either way (``tests/test_sizing.py`` checks it), so a field transformers would fill in
+with a default that matters is written out here.
 
 Where a model ships several configs (base and instruct), the preset follows the instruct
 checkpoint; the architecture numbers are identical, only ``max_position_embeddings`` can differ
@@ -200,6 +203,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "kv_lora_rank": 512,
         "q_lora_rank": 1536,
         "qk_rope_head_dim": 64,
+        "head_dim": 64,  # what transformers' DeepseekV3Config sets (qk_rope_head_dim)
         "qk_nope_head_dim": 128,
         "v_head_dim": 128,
         "vocab_size": 129280,

@@ -1,4 +1,4 @@
-"""Reading prompt files: one reader, one set of checks, one-line errors.
+"""The strict JSONL prompt-file reader of the command line (``specdec generate --prompts``, ``quant-report``).
 
 A prompt file is JSON Lines, one object per line, with the prompt text in ``prompt`` (a string)
 or, as in Spec-Bench, in ``turns`` (a list of strings: the first turn is the prompt). An optional
@@ -7,54 +7,21 @@ its id. Blank lines are skipped.
 
 Every problem is a :class:`PromptFileError` (a ``ValueError``) whose message is one line naming
 the file, and the line number where one applies, so a command line tool can print it and stop
-before it loads a model:
-
->>> from specdec.prompts import read_prompt_file
->>> [p.text for p in read_prompt_file("prompts.jsonl")]
-['Say hello.', 'Name a fruit.']
+before it loads a model.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: fields that may hold the text, in order of preference
-TEXT_FIELDS = ("prompt", "turns")
-#: fields that may name the prompt's group, in order of preference (specdec.eval.datasets uses these too)
-GROUP_FIELDS = ("category", "task", "group")
-ID_FIELDS = ("question_id", "id", "prompt_id")
+from specdec.prompts.schema import GROUP_FIELDS, ID_FIELDS, PromptRecord, row_text
 
 
 class PromptFileError(ValueError):
     """A prompt file is missing, unreadable or malformed; the message is one line naming the file."""
-
-
-@dataclass(frozen=True)
-class PromptRecord:
-    """One prompt read from a file.
-
-    Attributes:
-        text: the prompt (the first turn for Spec-Bench rows); never empty or blank.
-        group: the ``category`` / ``task`` / ``group`` field, or None when the row has none.
-        id: the ``question_id`` / ``id`` / ``prompt_id`` field as a string, or None.
-        line: the 1-based line number in the file.
-    """
-
-    text: str
-    group: str | None
-    id: str | None
-    line: int
-
-
-def first_text(value: Any) -> str | None:
-    """A text field's prompt: the string itself, or the first turn of a list (Spec-Bench ``turns``)."""
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    return value if isinstance(value, str) else None
 
 
 def _json_type(value: Any) -> str:
@@ -102,7 +69,7 @@ def read_prompt_file(path: str | os.PathLike) -> list[PromptRecord]:
             raise PromptFileError(f"{name}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(row, dict):
             raise PromptFileError(f"{name}:{n}: expected a JSON object with a 'prompt' field, got {_json_type(row)}")
-        value = next((first_text(row[f]) for f in TEXT_FIELDS if f in row and first_text(row[f]) is not None), None)
+        value = row_text(row)
         if value is None or not value.strip():
             raise PromptFileError(f"{name}:{n} has no non-empty 'prompt' (or 'turns') field")
         group = next((str(row[f]) for f in GROUP_FIELDS if row.get(f) not in (None, "")), None)
@@ -111,18 +78,3 @@ def read_prompt_file(path: str | os.PathLike) -> list[PromptRecord]:
     if not records:
         raise PromptFileError(f"{name} holds no prompts")
     return records
-
-
-def round_robin(records: list[PromptRecord], limit: int | None = None) -> list[PromptRecord]:
-    """Records taken in turn from each group (groups in order of first appearance), at most ``limit``,
-    so that a few prompts still cover several kinds of text."""
-    by_group: dict[str | None, list[PromptRecord]] = {}
-    for r in records:
-        by_group.setdefault(r.group, []).append(r)
-    queues = [list(v) for v in by_group.values()]
-    out: list[PromptRecord] = []
-    while any(queues) and (limit is None or len(out) < limit):
-        for q in queues:
-            if q and (limit is None or len(out) < limit):
-                out.append(q.pop(0))
-    return out

@@ -1,0 +1,362 @@
+"""Measuring one generation: run a method on a prompt (or a left-padded batch) and time what it produced.
+
+A :class:`Runner` per method: HF ``generate`` with a streamer that timestamps each step (time to first
+token; tokens per assisted step) and, for assisted generation, a count of the candidates proposed per
+step; specdec's own statistics for :class:`specdec.SpeculativeModel`. :class:`CompiledRunner` is
+``hf-compiled``. :func:`build_runners` builds every drafter once and shares it between its methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from specdec.eval.methods import (
+    ASSISTED_KINDS,
+    DEFAULT_PROMPT_LOOKUP_TOKENS,
+    HEURISTIC_ASSISTANT,
+    HF,
+    HF_ASSISTED_HEURISTIC,
+    HF_COMPILED,
+    HF_PROMPT_LOOKUP,
+    SPECDEC,
+    MethodSpec,
+    ResolvedDraft,
+    resolve_draft,
+)
+
+#: tokens of the untimed warm-up generation (and of hf-compiled's compile calls)
+WARMUP_TOKENS = 8
+#: the ``generate`` state transformers' auto-compile leaves on the model (restored after a run)
+_COMPILE_STATE = ("_compiled_call", "_last_compile_config", "_previous_max_cache_length")
+#: device types on which ``generate`` compiles a static-cache decode step without being asked
+_AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
+
+
+@dataclass
+class Measurement:
+    """What one generation of one prompt by one method produced and cost."""
+
+    output_ids: list[int]
+    seconds: float
+    time_to_first_token: float
+    time_per_output_token: float
+    proposed_per_position: list[int] | None = None
+    accepted_per_position: list[int] | None = None
+    committed_tokens: int | None = None
+    verifier_passes: int | None = None
+    compiled_graphs: int | None = None  # hf-compiled: graphs torch.compile built during this (timed) call
+
+
+class _StepTimer(BaseStreamer):
+    """A streamer that timestamps each step's tokens: the first gives HF's time to first token, and
+    the number of tokens per step is what a verifier pass committed in assisted generation."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.sizes: list[int] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate() streams the prompt first
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.sizes.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _count_candidates(model: Any) -> Iterator[list[int] | None]:
+    """Record how many candidate tokens HF's candidate generator proposes at each assisted step.
+
+    transformers exposes no draft statistics, so this wraps the (private) ``_get_candidate_generator``
+    on the instance for one call; if it is missing the list stays ``None`` and acceptance is unknown.
+    """
+    original = getattr(model, "_get_candidate_generator", None)
+    if original is None:
+        yield None
+        return
+    proposals: list[int] = []
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        generator = original(*args, **kwargs)
+        get = generator.get_candidates
+
+        def get_candidates(input_ids: torch.Tensor, *a: Any, **kw: Any) -> Any:
+            candidates, logits = get(input_ids, *a, **kw)
+            proposals.append(int(candidates.shape[-1] - input_ids.shape[-1]))
+            return candidates, logits
+
+        generator.get_candidates = get_candidates
+        return generator
+
+    model._get_candidate_generator = wrapped
+    try:
+        yield proposals
+    finally:
+        del model._get_candidate_generator
+
+
+def _positions(proposed: Sequence[int], committed: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Per-position proposed / accepted counts from per-step proposal sizes and committed tokens."""
+    width = max(proposed, default=0)
+    prop, acc = [0] * width, [0] * width
+    for p, c in zip(proposed, committed):
+        for i in range(p):
+            prop[i] += 1
+        for i in range(min(max(c - 1, 0), p)):  # a step commits its accepted drafts + one verifier token
+            acc[i] += 1
+    return prop, acc
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _decode_stats(seconds: float, ttft: float, new_tokens: int) -> float:
+    return (seconds - ttft) / (new_tokens - 1) if new_tokens > 1 else 0.0
+
+
+def _row_outputs(out: torch.Tensor, width: int, eos: set[int]) -> list[list[int]]:
+    """Each row's new tokens, up to and including its first EOS (what follows is padding)."""
+    rows = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+def _split(outputs: list[list[int]], seconds: float, ttft: float) -> list[Measurement]:
+    """One measurement per row of a batch; the batch's wall time is apportioned to rows by their tokens,
+    so that summed seconds (and so throughput) are the batch's own."""
+    total = sum(len(o) for o in outputs)
+    tpot = _decode_stats(seconds, ttft, max((len(o) for o in outputs), default=0))
+    share = [(len(o) / total if total else 1 / len(outputs)) for o in outputs]
+    return [Measurement(o, seconds * f, ttft, tpot) for o, f in zip(outputs, share)]
+
+
+def _eos_ids(model: Any, gen_kwargs: Mapping[str, Any]) -> set[int]:
+    eos = gen_kwargs.get("eos_token_id", getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+    return set() if eos is None else {int(e) for e in ([eos] if isinstance(eos, int) else eos)}
+
+
+class Runner:
+    """Runs one method on one prompt, or on a left-padded batch of prompts."""
+
+    def __init__(self, method: MethodSpec, model: Any, extra: Mapping[str, Any] | None = None, spec: Any = None,
+                 assistant_settings: Mapping[str, Any] | None = None):
+        self.method, self.model, self.extra, self.spec = method, model, dict(extra or {}), spec
+        self.assistant_settings = dict(assistant_settings or {})
+
+    def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
+                 mask: torch.Tensor | None = None) -> list[Measurement]:
+        """One :class:`Measurement` per row of ``ids``."""
+        mask = torch.ones_like(ids) if mask is None else mask
+        if self.method.kind == SPECDEC:
+            return self._specdec(ids, mask, gen_kwargs, seed)
+        return self._hf(ids, mask, gen_kwargs, seed)
+
+    def _hf(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
+        timer = _StepTimer()
+        counter = _count_candidates(self.model) if self.method.speculative else contextlib.nullcontext(None)
+        if seed is not None:
+            torch.manual_seed(seed)
+        with counter as proposals, self._assistant_config():
+            start = time.perf_counter()
+            out = self.model.generate(ids, attention_mask=mask, streamer=timer, **gen_kwargs, **self.extra)
+            _sync(ids.device)
+            seconds = time.perf_counter() - start
+        ttft = (timer.times[0] - start) if timer.times else seconds
+        results = _split(_row_outputs(out, ids.shape[1], _eos_ids(self.model, gen_kwargs)), seconds, ttft)
+        if self.method.speculative:  # transformers speculates for one row only
+            result = results[0]
+            result.committed_tokens, result.verifier_passes = sum(timer.sizes), len(timer.sizes)
+            if proposals is not None and len(proposals) == len(timer.sizes):
+                result.proposed_per_position, result.accepted_per_position = _positions(proposals, timer.sizes)
+        return results
+
+    @contextlib.contextmanager
+    def _assistant_config(self) -> Iterator[None]:
+        """transformers reads the draft schedule from the assistant's own generation config (and the
+        heuristic schedule writes its state back there): set it for this call only, so methods sharing
+        the assistant module do not leak settings into each other."""
+        config = getattr(self.extra.get("assistant_model"), "generation_config", None)
+        if not self.assistant_settings or config is None:
+            yield
+            return
+        saved = {k: getattr(config, k, None) for k in self.assistant_settings}
+        for k, v in self.assistant_settings.items():
+            setattr(config, k, v)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                setattr(config, k, v)
+
+    def _specdec(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
+        generator = torch.Generator(device=ids.device).manual_seed(seed) if seed is not None else None
+        # an adaptive method has a SpeculativeModel of its own, built with max k = method.k: passing k per call
+        # is only needed for the fixed-k methods, which share one SpeculativeModel per drafter
+        k = None if self.method.adaptive else self.method.k
+        start = time.perf_counter()
+        out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=k, generator=generator, **gen_kwargs)
+        _sync(ids.device)
+        seconds = time.perf_counter() - start
+        stats = self.spec.last_stats
+        results = _split(_row_outputs(out, ids.shape[1], _eos_ids(self.model, gen_kwargs)), seconds,
+                         stats.time_to_first_token)
+        for result, row in zip(results, stats.rows):
+            result.proposed_per_position = list(row.proposed_per_position)
+            result.accepted_per_position = list(row.accepted_per_position)
+            result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
+        return results
+
+
+class CompiledRunner(Runner):
+    """``hf-compiled``: ``model.generate`` with a static KV cache, whose decode step transformers compiles.
+
+    transformers' own mechanism is used: with ``cache_implementation="static"`` and a ``compile_config``,
+    ``generate`` runs the prefill eagerly and each decode step through ``model.get_compiled_call`` (a
+    ``torch.compile`` of the model's ``__call__``, kept on the model as ``_compiled_call``); the model's
+    ``forward`` is never replaced. It does so by itself on CUDA/XPU; elsewhere (CPU) ``CompileConfig``'s
+    private ``_compile_all_devices`` switch turns it on. Every call gets the same ``max_cache_len`` (the
+    longest prompt of the run + ``max_new_tokens``), so every decode step has the same shapes whatever
+    the prompt length: one graph per batch size, compiled by :meth:`compile` before any timed call.
+    On CUDA transformers' default compile mode (``reduce-overhead``, CUDA graphs) is used; elsewhere
+    ``mode="default"``, the faster of the two without CUDA graphs.
+    """
+
+    def __init__(self, method: MethodSpec, model: Any) -> None:
+        super().__init__(method, model)
+        self.compile_seconds: float | None = None
+        self.max_cache_len: int | None = None
+
+    def configure(self, max_cache_len: int) -> None:
+        """Fix the static cache length of every call (the largest prompt width + ``max_new_tokens``)."""
+        from transformers import CompileConfig
+
+        config = CompileConfig()  # transformers' defaults: inductor, mode="reduce-overhead", not fullgraph
+        if self.model.device.type != "cuda":
+            # "reduce-overhead" means CUDA graphs; without them it is slower than eager on a CPU. Measured on
+            # SmolLM2, 128 tokens, static cache: eager 5.4 s, reduce-overhead 6.3 s, default mode 5.3 s.
+            config.mode = "default"
+        if self.model.device.type not in _AUTO_COMPILE_DEVICES:
+            config._compile_all_devices = True  # generate compiles on accelerators only unless told so
+        self.max_cache_len = max_cache_len
+        self.extra = {"cache_implementation": "static", "max_cache_len": max_cache_len, "compile_config": config}
+
+    def compile(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], gen_kwargs: Mapping[str, Any],
+                seed: int | None) -> float:
+        """Compile the decode step for each batch shape in ``batches``, untimed; returns the compile seconds.
+
+        Each shape is generated twice: compile time is the first call's wall time less the second's (the
+        same call, already compiled).
+        """
+        if self.max_cache_len is None:
+            raise RuntimeError("hf-compiled: configure(max_cache_len) before compiling")
+        new = min(WARMUP_TOKENS, int(gen_kwargs["max_new_tokens"]))
+        if new < 2:  # the only new token comes from the (eager) prefill: there is no decode step to compile
+            self.compile_seconds = 0.0
+            return 0.0
+        # min_new_tokens: an early EOS must not end the call before the decode step has run (and compiled)
+        kwargs = {**gen_kwargs, "max_new_tokens": new, "min_new_tokens": new}
+        total = 0.0
+        for ids, mask in {ids.shape[0]: (ids, mask) for ids, mask in batches}.values():
+            times = []
+            for _ in range(2):
+                start = time.perf_counter()
+                self._hf(ids, mask, kwargs, seed)
+                times.append(time.perf_counter() - start)
+            total += max(0.0, times[0] - times[1])
+        if getattr(self.model, "_compiled_call", None) is None:
+            raise RuntimeError(f"hf-compiled: transformers' generate did not compile the decode step of "
+                               f"{type(self.model).__name__} (its auto-compile criteria were not met)")
+        self.compile_seconds = total
+        return total
+
+    def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
+                 mask: torch.Tensor | None = None) -> list[Measurement]:
+        before = _compiled_frames()
+        results = super().__call__(ids, gen_kwargs, seed, mask)
+        compiled = _compiled_frames() - before
+        for result in results:
+            result.compiled_graphs = compiled
+        return results
+
+
+def _compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (to catch a compile inside a timed call)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])
+
+
+@contextlib.contextmanager
+def restore_compile_state(model: Any) -> Iterator[None]:
+    """Leave the model as it was: drop the compiled call (and cache sizing) ``hf-compiled`` made ``generate`` keep."""
+    saved = {name: vars(model)[name] for name in _COMPILE_STATE if name in vars(model)}
+    try:
+        yield
+    finally:
+        for name in _COMPILE_STATE:
+            if name in saved:
+                setattr(model, name, saved[name])
+            elif name in vars(model):
+                delattr(model, name)
+
+
+def build_runners(
+    methods: Sequence[MethodSpec], model: Any, tokenizer: Any, prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS,
+    compile_drafter: bool = False,
+) -> dict[str, Runner]:
+    """One runner per method; each drafter is built once and shared by its specdec and HF-assisted methods.
+
+    ``compile_drafter`` compiles specdec's model drafters (not the module HF assisted generation uses:
+    the compiled forward belongs to the drafter, the module is left as it is).
+    """
+    from specdec.api import SpeculativeModel
+
+    drafts: dict[str, ResolvedDraft] = {}
+    specs: dict[tuple[str, int | None], Any] = {}
+    runners: dict[str, Runner] = {}
+    for m in methods:
+        if m.draft is not None and m.draft not in drafts:
+            drafts[m.draft] = resolve_draft(m.draft, model, tokenizer)
+        if m.kind == HF:
+            runners[m.name] = Runner(m, model)
+        elif m.kind == HF_COMPILED:
+            runners[m.name] = CompiledRunner(m, model)
+        elif m.kind == HF_PROMPT_LOOKUP:
+            runners[m.name] = Runner(m, model, {"prompt_lookup_num_tokens": prompt_lookup_num_tokens})
+        elif m.kind in ASSISTED_KINDS:
+            assistant = drafts[m.draft].assistant
+            if assistant is None:
+                raise ValueError(f"drafter {m.draft!r} is not a causal LM: HF assisted generation cannot use it")
+            settings = HEURISTIC_ASSISTANT if m.kind == HF_ASSISTED_HEURISTIC else None
+            runners[m.name] = Runner(m, model, {"assistant_model": assistant}, assistant_settings=settings)
+        else:
+            key = (m.draft, m.k if m.adaptive else None)  # an adaptive policy learns per method
+            if key not in specs:
+                drafter = drafts[m.draft].draft
+                if compile_drafter and drafter.compilable and not any(s.drafter is drafter for s in specs.values()):
+                    drafter.compile()  # once per drafter: its SpeculativeModels share it
+                specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
+                                              adaptive=m.adaptive)
+            runners[m.name] = Runner(m, model, spec=specs[key])
+    return runners
+
+
+def prime_drafters(runners: Mapping[str, Runner]) -> None:
+    """Compile every specdec drafter of ``runners`` for each input shape class now, not inside a timed call."""
+    drafters = {id(r.spec.drafter): r.spec.drafter for r in runners.values() if r.spec is not None}
+    for drafter in drafters.values():
+        drafter.prime()
