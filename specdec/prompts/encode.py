@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:  # torch is imported when a prompt is encoded, not when the CLI reads a prompt file
@@ -14,10 +15,15 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool = True) -> "torch.Tens
     if not prompt or not prompt.strip():
         raise ValueError("empty prompt: give the model some text to continue")
     if chat and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(
+        return _input_ids(tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        ).input_ids
-    return tokenizer(prompt, return_tensors="pt").input_ids  # BatchEncoding: attribute and key alike
+        ))
+    return _input_ids(tokenizer(prompt, return_tensors="pt"))
+
+
+def _input_ids(encoding: Any) -> "torch.Tensor":
+    """``input_ids`` of what a tokenizer returned: a ``BatchEncoding`` / dict, or an object with the attribute."""
+    return encoding["input_ids"] if isinstance(encoding, Mapping) else encoding.input_ids
 
 
 def encode_batch(
