@@ -92,13 +92,6 @@ def _check_model_and_draft(model: str, draft: str) -> None:
             raise SystemExit(f"error: --draft {draft!r} is not a drafter: use {FORMS}") from None
 
 
-def _draft_scheme(draft: str) -> str | None:
-    """The quantization scheme of a ``self:SCHEME`` / ``composite[:SCHEME]`` drafter, else None."""
-    from specdec.draft_spec import parse_draft
-
-    return parse_draft(draft).scheme
-
-
 def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
     """Which drafter runs and why its acceptance is what it is, for the demo's summary.
 
@@ -108,15 +101,17 @@ def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
     (:func:`specdec.quant.weight_error`); ``grid_bound`` is True when they already lie on the
     scheme's grid, which makes acceptance near-perfect and says nothing about a bf16 checkpoint.
     """
+    from specdec.draft_spec import parse_draft
+
+    spec = parse_draft(draft)
     out: dict[str, Any] = {"weight_error": None, "head_weight_error": None, "grid_bound": None}
-    scheme = _draft_scheme(draft)
-    if scheme is not None:
+    if spec.scheme is not None:
         from specdec.quant import weight_error
 
-        err = weight_error(verifier, scheme)
+        err = weight_error(verifier, spec.scheme)
         head = "" if err.head_weight_error is None else f", LM head {100 * err.head_weight_error:.2f}%"
         what = f"a quantized copy of the verifier ({err.scheme})"
-        if draft.startswith("composite"):
+        if spec.kind == "composite":
             what = f"prompt lookup where the text repeats, else {what}"
         out.update(weight_error=err.weight_error, head_weight_error=err.head_weight_error, grid_bound=err.grid_bound)
         out["description"] = (f"{draft}: {what}; relative weight error against the verifier "
@@ -130,14 +125,11 @@ def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
         else:
             out["note"] = ("acceptance reflects how far quantization moves the verifier's weights "
                            "(and the drafter's bf16 activations)")
-    elif draft == "prompt-lookup":
+    elif spec.kind == "prompt-lookup":
         out["description"] = "prompt-lookup: copies n-grams from the prompt and the output so far (no model)"
         out["note"] = "acceptance is high where the output repeats its context (code edits, summaries, quotes), low elsewhere"
-    elif draft.startswith("layer-skip:"):
-        from specdec.draft_spec import parse_draft
-
-        n = parse_draft(draft).layers
-        out["description"] = f"{draft}: the verifier's first {n} layers and its LM head (no extra weights)"
+    elif spec.kind == "layer-skip":
+        out["description"] = f"{draft}: the verifier's first {spec.layers} layers and its LM head (no extra weights)"
         out["note"] = "acceptance falls as fewer layers are kept"
     else:
         out["description"] = f"{draft}: a separate draft model"

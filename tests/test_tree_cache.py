@@ -48,8 +48,8 @@ def test_tree_pass_scores_each_node_like_its_path_alone(arch, prompt_len, parent
     tree_logits = session.forward(nodes, position_ids=positions, tree_mask=mask.unsqueeze(0)).logits[0]
     paths = _paths(list(parents))
     for i, path in enumerate(paths):
-        alone, _ = runner.prefill(torch.cat([prompt, nodes[:, path]], dim=1), None, 64)
-        torch.testing.assert_close(tree_logits[i], _.logits[0], **TOL)
+        _, alone = runner.prefill(torch.cat([prompt, nodes[:, path]], dim=1), None, 64)
+        torch.testing.assert_close(tree_logits[i], alone.logits[0], **TOL)
     # keep one root-to-leaf path: the cache then equals a fresh prefill of prompt + path
     leaf = data.draw(st.integers(0, len(parents) - 1))
     keep = torch.zeros(1, len(parents), dtype=torch.bool, device="cpu")
@@ -57,8 +57,8 @@ def test_tree_pass_scores_each_node_like_its_path_alone(arch, prompt_len, parent
     session.keep_slots(keep)
     assert session.length == prompt_len + len(paths[leaf]) and int(session.counts[0]) == session.length
     probe = torch.tensor([[5]], device="cpu")
-    fresh, _ = runner.prefill(torch.cat([prompt, nodes[:, paths[leaf]], probe], dim=1), None, 64)
-    torch.testing.assert_close(session.forward(probe).logits[0, -1], _.logits[0], **TOL)
+    _, fresh = runner.prefill(torch.cat([prompt, nodes[:, paths[leaf]], probe], dim=1), None, 64)
+    torch.testing.assert_close(session.forward(probe).logits[0, -1], fresh.logits[0], **TOL)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -99,7 +99,7 @@ class ModelDrafter(Drafter):
         self._session: CacheSession | None = None
         self._fed: list[int] = []  # per row: tokens (left padding included) whose keys are cached
         self._pads: list[int] = []
-        self._drafted: list[tuple[int, int]] = []  # per row at the last proposal: (row length, drafts fed)
+        self._drafts_fed: int | None = None  # drafts fed at our last proposal, None once committed (or not ours)
         self._adopted = False
 
     @property
@@ -126,7 +126,7 @@ class ModelDrafter(Drafter):
             self.forwards = 1
         self._pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
         self._fed = [input_ids.shape[1]] * input_ids.shape[0]
-        self._drafted = []
+        self._drafts_fed = None
 
     def _scores(self, logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
         logits = logits.float()
@@ -176,17 +176,18 @@ class ModelDrafter(Drafter):
                 logits = self._session.forward(token.unsqueeze(-1), **self._extra()).logits[:, -1]
                 self.forwards += 1
                 fed += 1
-        self._drafted = [(rows.length(b), fed) for b in range(len(rows))]
-        self._fed = [length + fed for length, _ in self._drafted]
+        self._drafts_fed = fed
+        self._fed = [rows.length(b) + fed for b in range(len(rows))]
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
     def commit(self, update: Commit) -> None:
-        if not self._drafted:  # another drafter proposed this step (composite): our fed prefix is still committed
+        if self._drafts_fed is None:  # another drafter proposed this step (composite): our fed prefix is still committed
             return
         accepted, added = update.accepted.tolist(), update.added.tolist()
         # fed drafts that were accepted stay; always leave >= 1 committed token to feed next time
-        self._fed = [length + min(a, fed, n - 1) for (length, fed), a, n in zip(self._drafted, accepted, added)]
-        self._drafted = []
+        fed = self._drafts_fed
+        self._fed = [f - fed + min(a, fed, n - 1) for f, a, n in zip(self._fed, accepted, added)]
+        self._drafts_fed = None
         self._session.keep([fed - pad for fed, pad in zip(self._fed, self._pads)])
 
     def stats(self) -> dict[str, float]:
@@ -197,9 +198,8 @@ class ModelDrafter(Drafter):
         index = indices.tolist()
         self._fed = [self._fed[i] for i in index]
         self._pads = [self._pads[i] for i in index]
-        self._drafted = [self._drafted[i] for i in index] if self._drafted else []
 
     def finish(self) -> None:
         if self._session is not None:
             self._session.release()
-        self._session, self._fed, self._drafted = None, [], []
+        self._session, self._fed, self._drafts_fed = None, [], None
