@@ -16,7 +16,7 @@ from typing import Any
 # embedded model only because its Q4_1 GGUF already lies on that int4 grid (BENCHMARKS.md section 1).
 DEMO_DRAFT = "composite:int8"
 #: drafters that do not inherit the verifier's storage grid, suggested next to a grid-bound one
-GRID_FREE_DRAFTERS = "self:int8 or prompt-lookup"
+GRID_FREE_DRAFTERS = "eagle, self:int8 or prompt-lookup"
 
 
 def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None:
@@ -128,6 +128,11 @@ def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
     elif spec.kind == "prompt-lookup":
         out["description"] = "prompt-lookup: copies n-grams from the prompt and the output so far (no model)"
         out["note"] = "acceptance is high where the output repeats its context (code edits, summaries, quotes), low elsewhere"
+    elif spec.kind == "eagle":
+        where = spec.head or "the head shipped for this model"
+        out["description"] = f"{draft}: a trained draft head (EAGLE style) from {where}, reading the verifier's hidden states"
+        out["note"] = "grid-free: acceptance comes from training on the verifier's own outputs, as it would for a bf16 model"
+        out["grid_bound"] = False
     elif spec.kind == "layer-skip":
         out["description"] = f"{draft}: the verifier's first {spec.layers} layers and its LM head (no extra weights)"
         out["note"] = "acceptance falls as fewer layers are kept"
@@ -279,6 +284,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                   "cost and agreement of quantized drafter schemes", command)
     _add_optional(sub, "eval", "specdec.eval.__main__", "add_eval_arguments", "run_eval",
                   "speedup, acceptance and identity against transformers' baselines on a prompt set", command)
+    _add_optional(sub, "train-head", "specdec.heads.cli", "add_train_head_arguments", "run_train_head",
+                  "train an EAGLE-style draft head for a model (self-distillation; resumable)", command)
     return parser
 
 

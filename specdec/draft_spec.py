@@ -6,6 +6,8 @@ A drafter spec is one of:
 * ``prompt-lookup`` - n-gram copying from the context, no model;
 * ``composite`` / ``composite:SCHEME`` - prompt lookup where the text repeats, else ``self:SCHEME``;
 * ``layer-skip:N`` - the verifier's first N decoder layers;
+* ``eagle`` / ``eagle:DIR`` - an EAGLE-1/2 or EAGLE-3 draft head: the one specdec ships for the
+  verifier, or the head in directory ``DIR``;
 * ``PREFIX[:ARGS]`` for a prefix added with :func:`register_drafter`;
 * anything else - a local model directory or ``.gguf`` file.
 
@@ -37,10 +39,11 @@ class DraftSpec:
     """A parsed drafter name: its ``kind`` and the argument that kind takes."""
 
     text: str
-    kind: str  # "self", "prompt-lookup", "composite", "layer-skip", "registered" or "path"
+    kind: str  # "self", "prompt-lookup", "composite", "layer-skip", "eagle", "registered" or "path"
     scheme: str | None = None  # self / composite: the quantization scheme of the copy
     layers: int | None = None  # layer-skip: how many layers
     prefix: str | None = None  # registered: the prefix its builder was registered under
+    head: str | None = None  # eagle: the head's directory (None: the head shipped for the verifier)
 
     @property
     def hf_assistant(self) -> bool:
@@ -50,7 +53,8 @@ class DraftSpec:
         return self.kind in _HF_ASSISTANT_KINDS
 
 
-FORMS = "self:SCHEME (e.g. self:int8), prompt-lookup, composite[:SCHEME], layer-skip:N, or a local model directory / .gguf file"
+FORMS = ("self:SCHEME (e.g. self:int8), prompt-lookup, composite[:SCHEME], layer-skip:N, eagle[:DIR], "
+         "or a local model directory / .gguf file")
 
 
 def parse_draft(spec: str) -> DraftSpec:
@@ -70,6 +74,10 @@ def parse_draft(spec: str) -> DraftSpec:
         if not arg:
             raise DraftSpecError(f"drafter {spec!r} needs a quantization scheme after ':', e.g. {prefix}:int8")
         return DraftSpec(spec, prefix, scheme=arg)
+    if prefix == "eagle":
+        if spec != "eagle" and not arg.strip():
+            raise DraftSpecError(f"drafter {spec!r} needs a head directory after ':', e.g. eagle:./my-head")
+        return DraftSpec(spec, "eagle", head=arg.strip() or None)
     if prefix == "layer-skip":
         if not arg.isdigit() or int(arg) < 1:
             raise DraftSpecError(f"drafter {spec!r}: layer-skip needs a layer count >= 1, e.g. layer-skip:8")
@@ -86,7 +94,7 @@ def register_drafter(prefix: str, builder: Callable[[str, Any, Any], Any], *, hf
     """
     if not prefix or ":" in prefix:
         raise ValueError(f"a drafter prefix must be non-empty and contain no ':', got {prefix!r}")
-    if prefix in ("self", "composite", "layer-skip", "prompt-lookup"):
+    if prefix in ("self", "composite", "layer-skip", "prompt-lookup", "eagle"):
         raise ValueError(f"{prefix!r} is a built-in drafter name and cannot be registered")
     _REGISTRY[prefix] = (builder, hf_assistant)
 

@@ -63,7 +63,9 @@ def resolve_drafter(
     :mod:`specdec.draft_spec`): ``"self:SCHEME"`` (a quantized copy of the verifier, e.g.
     ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model), ``"composite"`` /
     ``"composite:SCHEME"`` (prompt lookup, else a quantized self-copy; default int8),
-    ``"layer-skip:N"`` (the verifier's first N layers), a registered prefix, or a local model path.
+    ``"layer-skip:N"`` (the verifier's first N layers), ``"eagle"`` / ``"eagle:DIR"`` (a trained draft
+    head: the shipped one for the embedded model, or a local EAGLE / EAGLE-3 directory), a registered
+    prefix, or a local model path.
     """
     if isinstance(draft, Drafter):
         return draft
@@ -85,6 +87,11 @@ def resolve_drafter(
         return CompositeDrafter(resolve_drafter(f"self:{spec.scheme}", verifier))
     if spec.kind == "layer-skip":
         return LayerSkipDrafter(verifier, spec.layers)
+    if spec.kind == "eagle":
+        from specdec.drafters.eagle import EagleDrafter
+        from specdec.heads.shipped import shipped_head
+
+        return EagleDrafter.from_pretrained(spec.head or shipped_head(verifier), verifier)
     if spec.kind == "self":
         from specdec.quant import quantize
 

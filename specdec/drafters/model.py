@@ -76,6 +76,21 @@ def check_vocab_compat(
         )
 
 
+
+def processed_scores(logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
+    """Draft logits ``[B, V']`` as the verifier will judge them: fitted to its vocabulary (ids past it
+    dropped, missing ones -inf) and through the call's logits processors with each row's context."""
+    logits = logits.float()
+    vocab = ctx.vocab_size or logits.shape[-1]
+    if logits.shape[-1] > vocab:  # padded head: ids past the verifier's vocabulary do not exist
+        logits = logits[..., :vocab]
+    elif logits.shape[-1] < vocab:
+        logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
+    if not ctx.processors:
+        return logits
+    return torch.cat([ctx.processors(row.unsqueeze(0), logits[b : b + 1]) for b, row in enumerate(rows)])
+
+
 class ModelDrafter(Drafter):
     """Drafts autoregressively with a (usually smaller or quantized) causal LM over its own managed cache.
 
@@ -129,15 +144,7 @@ class ModelDrafter(Drafter):
         self._drafts_fed = None
 
     def _scores(self, logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
-        logits = logits.float()
-        vocab = ctx.vocab_size or logits.shape[-1]
-        if logits.shape[-1] > vocab:  # padded head: ids past the verifier's vocabulary do not exist
-            logits = logits[..., :vocab]
-        elif logits.shape[-1] < vocab:
-            logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
-        if not ctx.processors:
-            return logits
-        return torch.cat([ctx.processors(row.unsqueeze(0), logits[b : b + 1]) for b, row in enumerate(rows)])
+        return processed_scores(logits, rows, ctx)
 
     def _catch_up(self, rows: Rows) -> torch.Tensor:
         """Feed what each row committed since our last forward (left-aligned with filler); last logits."""

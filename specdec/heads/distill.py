@@ -1,0 +1,123 @@
+"""Self-distillation data: the verifier writes the responses a draft head learns from.
+
+Everything is appended to JSON Lines files one batch at a time, so an interrupted run resumes where it
+stopped (rows already on disk are skipped; a torn last line is dropped).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from tqdm.auto import tqdm
+
+from specdec.heads.prompts import TrainPrompt, build_self_written, self_written_requests
+from specdec.prompts import encode_prompt
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSON Lines file written by this module; a torn last line (an interrupted write) is dropped."""
+    if not path.is_file():
+        return []
+    rows, lines = [], [l for l in path.read_text(encoding="utf-8").split("\n") if l.strip()]
+    for number, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != len(lines) - 1:
+                raise ValueError(f"{path}:{number + 1} is not JSON; delete the file to regenerate it") from None
+    return rows
+
+
+def _rewrite_clean(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rewrite ``path`` with only its complete rows (after a torn write), atomically."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _generate(model: Any, tokenizer: Any, rows: list[torch.Tensor], max_new_tokens: int, do_sample: bool,
+              temperature: float) -> list[list[int]]:
+    """Generate for left-padded ``rows``; each output is cut after its first end-of-sequence token."""
+    device = model.device
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for b, row in enumerate(rows):
+        ids[b, width - len(row):], mask[b, width - len(row):] = row.to(device), 1
+    kwargs: dict[str, Any] = dict(do_sample=do_sample, temperature=temperature, top_p=1.0, top_k=0) if do_sample else \
+        dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, pad_token_id=pad, **kwargs)
+    eos = set(_eos_ids(model, tokenizer))
+    texts = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        texts.append(row[:cut])
+    return texts
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    return list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
+
+
+def _batched(model: Any, tokenizer: Any, items: list[dict[str, Any]], out: Path, encode: Callable[[dict], torch.Tensor],
+             finish: Callable[[dict, list[int], torch.Tensor], dict | None], *, batch_size: int, max_new_tokens: int,
+             do_sample: bool, temperature: float, desc: str, progress: bool) -> list[dict[str, Any]]:
+    """Generate for every item whose id is not in ``out`` yet, in batches of similar prompt length, appending
+    ``finish(item, response_ids, prompt_ids)`` rows (``None``: skip the item, but remember it was done)."""
+    done = read_jsonl(out)
+    _rewrite_clean(out, done) if out.is_file() else out.parent.mkdir(parents=True, exist_ok=True)
+    seen = {r["id"] for r in done}
+    todo = [(item, encode(item)) for item in items if item["id"] not in seen]
+    todo.sort(key=lambda pair: len(pair[1]))  # similar lengths share a batch: less padding
+    with out.open("a", encoding="utf-8") as f, tqdm(total=len(todo), desc=desc, disable=not progress) as bar:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start:start + batch_size]
+            responses = _generate(model, tokenizer, [ids for _, ids in chunk], max_new_tokens, do_sample, temperature)
+            for (item, ids), response in zip(chunk, responses):
+                row = finish(item, response, ids) or {"id": item["id"], "skipped": True}
+                f.write(json.dumps(row) + "\n")
+                done.append(row)
+            f.flush()
+            bar.update(len(chunk))
+    return [r for r in done if not r.get("skipped")]
+
+
+def write_self_prompts(model: Any, tokenizer: Any, count: int, out: Path, *, seed: int = 0, batch_size: int = 32,
+                       max_new_tokens: int = 160, progress: bool = True) -> list[TrainPrompt]:
+    """``count`` prompts the verifier writes itself (articles to summarise, text to translate, passages to
+    answer questions about, new instructions and questions), sampled at temperature 0.8; resumable."""
+    requests = self_written_requests(count, seed)
+    by_id = {r["id"]: r for r in requests}
+
+    def finish(request: dict, response: list[int], _: torch.Tensor) -> dict | None:
+        text = tokenizer.decode(response, skip_special_tokens=True)
+        built = build_self_written(request, text)
+        return None if built is None else built.to_json()
+
+    torch.manual_seed(seed)
+    rows = _batched(model, tokenizer, requests, out, lambda r: encode_prompt(tokenizer, r["ask"])[0], finish,
+                    batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8,
+                    desc="verifier writes prompts", progress=progress)
+    return [TrainPrompt(**r) for r in rows if r["id"] in by_id]
+
+
+def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Path, *, batch_size: int = 32,
+            max_new_tokens: int = 192, progress: bool = True) -> list[dict[str, Any]]:
+    """Greedy responses of the verifier to ``prompts``, appended to ``out`` (JSON Lines: id, group, source,
+    license, ``prompt_ids``, ``response_ids``); resumable. Returns every sample in ``out``."""
+    items = [p.to_json() for p in prompts]
+
+    def finish(item: dict, response: list[int], ids: torch.Tensor) -> dict:
+        return {**{k: item[k] for k in ("id", "group", "source", "license")}, "prompt_ids": ids.tolist(),
+                "response_ids": response}
+
+    return _batched(model, tokenizer, items, out, lambda p: encode_prompt(tokenizer, p["prompt"])[0], finish,
+                    batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
+                    desc="verifier writes responses", progress=progress)

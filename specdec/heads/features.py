@@ -1,0 +1,100 @@
+"""Verifier features for head training, cached to disk in shards (safetensors), resumable shard by shard.
+
+A shard holds consecutive samples, concatenated: ``input_ids [T]``, ``offsets [n + 1]``,
+``prompt_lengths [n]``, ``hidden [T, len(layers) * H]`` (the hidden states the head reads, bf16),
+``final [T, H]`` (the verifier's final normed state, whose ``lm_head`` gives the training targets, bf16)
+and ``top [T]`` (the verifier's greedy token at each position).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+FEATURE_DTYPE = torch.bfloat16  # range of fp32 (hidden states have outliers), half the bytes
+
+
+def _shard_path(directory: Path, index: int) -> Path:
+    return directory / f"features-{index:05d}.safetensors"
+
+
+def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path, layers: tuple[int, ...], *,
+                     shard_samples: int = 256, batch_size: int = 8, progress: bool = True) -> list[Path]:
+    """Run the verifier over prompt + response of every sample and write the features it reads.
+
+    Existing shards are kept (resume), provided ``index.json`` says they were made from the same samples
+    and layers; otherwise a clear error asks for a fresh directory.
+    """
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    index = {"layers": list(layers), "shard_samples": shard_samples, "samples": [s["id"] for s in samples]}
+    index_path = directory / "index.json"
+    if index_path.is_file() and json.loads(index_path.read_text()) != index:
+        raise ValueError(f"{directory} holds features of other samples or layers; remove it to recompute them")
+    index_path.write_text(json.dumps(index))
+    final_layer = model.config.get_text_config().num_hidden_layers
+    shards = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
+    paths = []
+    device = model.device
+    with tqdm(total=len(samples), desc="verifier features", disable=not progress) as bar:
+        for number, shard in enumerate(shards):
+            path = _shard_path(directory, number)
+            paths.append(path)
+            if path.is_file():
+                bar.update(len(shard))
+                continue
+            parts: dict[str, list[torch.Tensor]] = {"input_ids": [], "hidden": [], "final": [], "top": []}
+            for start in range(0, len(shard), batch_size):
+                batch = shard[start:start + batch_size]
+                rows = [s["prompt_ids"] + s["response_ids"] for s in batch]
+                width = max(len(r) for r in rows)
+                ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+                mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+                for b, r in enumerate(rows):  # right padding: causal attention leaves real positions exact
+                    ids[b, :len(r)] = torch.tensor(r, dtype=torch.long, device=device)
+                    mask[b, :len(r)] = 1
+                with torch.inference_mode():
+                    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+                hidden = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+                for b, r in enumerate(rows):
+                    n = len(r)
+                    parts["input_ids"].append(ids[b, :n].cpu())
+                    parts["hidden"].append(hidden[b, :n].to("cpu", FEATURE_DTYPE))
+                    parts["final"].append(out.hidden_states[final_layer][b, :n].to("cpu", FEATURE_DTYPE))
+                    parts["top"].append(out.logits[b, :n].argmax(-1).cpu())
+                bar.update(len(batch))
+            lengths = torch.tensor([len(t) for t in parts["input_ids"]], dtype=torch.long, device="cpu")
+            tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
+            tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lengths.cumsum(0)])
+            tensors["prompt_lengths"] = torch.tensor([len(s["prompt_ids"]) for s in shard], dtype=torch.long, device="cpu")
+            tmp = path.with_suffix(".tmp")
+            save_file(tensors, str(tmp))
+            tmp.replace(path)  # a shard is either complete or absent
+    return paths
+
+
+class FeatureSet:
+    """The samples of a feature directory in memory: ``len()``, and ``[i]`` gives one sample's tensors."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        from safetensors.torch import load_file
+
+        self.samples: list[dict[str, torch.Tensor]] = []
+        for path in paths:
+            shard = load_file(str(path), device="cpu")
+            offsets = shard["offsets"].tolist()
+            for i, p in enumerate(shard["prompt_lengths"].tolist()):
+                a, b = offsets[i], offsets[i + 1]
+                self.samples.append({"input_ids": shard["input_ids"][a:b], "hidden": shard["hidden"][a:b],
+                                     "final": shard["final"][a:b], "top": shard["top"][a:b], "prompt_length": p})
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.samples[i]

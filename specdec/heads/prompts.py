@@ -1,0 +1,144 @@
+"""Training prompts for draft heads: the shared prompt files, balanced by group, and prompts the verifier writes.
+
+The prompt files (``../shared/data/train_prompts`` in this project) are JSON Lines ``{"id", "group",
+"prompt"}``; the directory's README has a table ``| file | rows | source | license |`` whose source and
+license travel with every sample, so the model card can credit them. Spec-Bench or any evaluation set
+must never be used here.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+
+@dataclass
+class TrainPrompt:
+    """One training prompt and where it came from."""
+
+    id: str
+    group: str
+    prompt: str
+    source: str
+    license: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TrainDataError(ValueError):
+    """Training data that cannot be used; the message names the file and the problem."""
+
+
+def _license_table(directory: Path) -> dict[str, tuple[str, str]]:
+    """``file -> (source, license)`` from the README's markdown table, where there is one."""
+    readme = directory / "README.md"
+    table: dict[str, tuple[str, str]] = {}
+    if not readme.is_file():
+        return table
+    for line in readme.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and cells[0].endswith(".jsonl"):
+            table[cells[0]] = (re.sub(r"\s+", " ", cells[2]), cells[3])
+    return table
+
+
+def read_train_prompts(data: str | Path) -> list[TrainPrompt]:
+    """Every prompt of a ``.jsonl`` file or of the ``*.jsonl`` files of a directory, with source and license."""
+    path = Path(data).expanduser()
+    if not path.exists():
+        raise TrainDataError(f"training data {str(data)!r} does not exist")
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files:
+        raise TrainDataError(f"training data directory {str(data)!r} has no .jsonl files")
+    licenses = _license_table(path if path.is_dir() else path.parent)
+    prompts: list[TrainPrompt] = []
+    for file in files:
+        source, license_ = licenses.get(file.name, (file.name, "unknown (no README table entry)"))
+        for number, line in enumerate(file.read_text(encoding="utf-8").split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                text = row["prompt"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise TrainDataError(f"{file}:{number}: expected a JSON object with a 'prompt' string") from None
+            if not isinstance(text, str) or not text.strip():
+                raise TrainDataError(f"{file}:{number}: 'prompt' must be a non-empty string")
+            prompts.append(TrainPrompt(str(row.get("id", f"{file.stem}-{number}")), str(row.get("group", file.stem)),
+                                       text, source, license_))
+    if not prompts:
+        raise TrainDataError(f"training data {str(data)!r} holds no prompts")
+    return prompts
+
+
+def balance(prompts: list[TrainPrompt], per_group: int | None, seed: int = 0) -> list[TrainPrompt]:
+    """At most ``per_group`` prompts of each group (a seeded sample), so one large group does not dominate."""
+    rng = random.Random(seed)
+    chosen: list[TrainPrompt] = []
+    groups: dict[str, list[TrainPrompt]] = {}
+    for p in prompts:
+        groups.setdefault(p.group, []).append(p)
+    for _, items in sorted(groups.items()):
+        rng.shuffle(items)
+        chosen.extend(items if per_group is None else items[:per_group])
+    rng.shuffle(chosen)
+    return chosen
+
+
+#: topics for the prompts the verifier writes itself (general knowledge; nothing from an evaluation set)
+TOPICS = (
+    "a new public library", "electric buses", "a local football match", "coral reefs", "a bakery opening",
+    "solar panels on schools", "a museum exhibition", "urban gardening", "a mountain rescue", "the history of tea",
+    "recycling plastic", "a science fair", "remote work", "volcanoes", "honey bees", "a city marathon",
+    "the printing press", "water conservation", "a music festival", "online privacy", "rainforests", "chess",
+    "a new bridge", "healthy breakfast habits", "the moon landing", "learning a second language", "wind farms",
+    "a robotics competition", "ancient Egypt", "bicycles in cities", "a school play", "ocean plastic", "jazz",
+    "vaccines", "a farmers market", "space telescopes", "a heat wave", "board games", "the water cycle",
+    "a charity run", "smartphones and sleep", "the Great Wall of China", "a flood warning", "photography",
+    "composting", "a new hospital wing", "penguins", "a power outage", "the Olympic Games", "video games",
+)
+
+#: (what the verifier is asked to write, the training prompt built around what it wrote, group)
+_TEMPLATES = (
+    ("Write a short news article about {topic}.", "Summarize the following article in a few sentences.\n\n{text}",
+     "summarization"),
+    ("Write three simple sentences about {topic}.", "Translate the following text into {language}.\n\n{text}",
+     "translation"),
+    ("Write a paragraph of facts about {topic}.",
+     "Read the passage and answer the question.\n\nPassage: {text}\n\nQuestion: What are the main facts the passage "
+     "gives about {topic}?", "qa"),
+    ("Write one instruction that a user might give an AI assistant about {topic}. Reply with the instruction only.",
+     "{text}", "instructions"),
+    ("Write a short question someone might ask about {topic}. Reply with the question only.",
+     "{text}", "chat"),
+)
+_LANGUAGES = ("French", "German", "Spanish", "Italian")
+
+
+def self_written_requests(count: int, seed: int = 0) -> list[dict[str, str]]:
+    """``count`` requests for the verifier (``{"id", "ask", "template", "group", "topic", "language"}``);
+    :func:`build_self_written` turns each answer into a training prompt."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        ask, template, group = _TEMPLATES[i % len(_TEMPLATES)]
+        topic = rng.choice(TOPICS)
+        out.append({"id": f"self-{i}", "ask": ask.format(topic=topic), "template": template, "group": group,
+                    "topic": topic, "language": rng.choice(_LANGUAGES)})
+    return out
+
+
+def build_self_written(request: dict[str, str], text: str) -> TrainPrompt | None:
+    """The training prompt around the verifier's answer to ``request``; ``None`` for an empty answer."""
+    text = text.strip()
+    if len(text) < 8:
+        return None
+    prompt = request["template"].format(text=text, topic=request["topic"], language=request["language"])
+    return TrainPrompt(request["id"], request["group"], prompt, "written by the verifier (self-instruct style)",
+                       "the verifier's output; follow the verifier's license")

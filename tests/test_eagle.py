@@ -1,0 +1,355 @@
+"""EAGLE-1/2 and EAGLE-3 draft heads: public checkpoint layouts, exactness, caches, training, bad inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import LogitsProcessorList
+
+import specdec
+from specdec.drafters import DraftSpecError, parse_draft
+from specdec.drafters.base import DraftContext, Rows
+from specdec.drafters.eagle import EagleDrafter
+from specdec.heads import EagleHead, HeadConfig, HeadLoadError, load_head, save_head
+from specdec.heads.train import TrainingKeyValues
+from tiny_models import CONFIGS, make_model
+
+H, I, HEADS, KV, V = 64, 128, 4, 2, 96  # the tiny llama of tiny_models
+
+
+def _public_eagle3(directory: Path, *, draft_vocab: int = 40, layers=(1, 1, 1), seed: int = 0, hidden: int = H,
+                   config_extra: dict | None = None) -> Path:
+    """A random EAGLE-3 checkpoint with exactly the public keys and shapes (no specdec code involved)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.3  # noqa: E731
+    d = HEADS * (hidden // HEADS)
+    keep = torch.randperm(V, generator=g)[:draft_vocab].sort().values
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[keep] = True
+    state = {
+        "fc.weight": r(hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": r(d, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": r(KV * (hidden // HEADS), 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": r(KV * (hidden // HEADS), 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": r(hidden, d),
+        "midlayer.mlp.gate_proj.weight": r(I, hidden), "midlayer.mlp.up_proj.weight": r(I, hidden),
+        "midlayer.mlp.down_proj.weight": r(hidden, I),
+        "midlayer.input_layernorm.weight": torch.ones(hidden), "midlayer.hidden_norm.weight": torch.ones(hidden),
+        "midlayer.post_attention_layernorm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden),
+        "lm_head.weight": r(draft_vocab, hidden), "d2t": keep - torch.arange(draft_vocab), "t2d": t2d,
+    }
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+              "intermediate_size": I, "num_attention_heads": HEADS, "num_key_value_heads": KV, "num_hidden_layers": 1,
+              "vocab_size": V, "draft_vocab_size": draft_vocab, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "max_position_embeddings": 2048, "hidden_act": "silu", "tie_word_embeddings": False,
+              "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layers)}, **(config_extra or {})}
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def _public_eagle1(directory: Path, *, fc_bias: bool, embed: bool = False, seed: int = 0, bin_file: bool = True) -> Path:
+    """A random EAGLE-1/2 checkpoint: fc [H, 2H] (bias or not), layers.0 without input_layernorm, no norm, no lm_head."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.3  # noqa: E731
+    state = {"fc.weight": r(H, 2 * H),
+             "layers.0.self_attn.q_proj.weight": r(H, H), "layers.0.self_attn.k_proj.weight": r(KV * H // HEADS, H),
+             "layers.0.self_attn.v_proj.weight": r(KV * H // HEADS, H), "layers.0.self_attn.o_proj.weight": r(H, H),
+             "layers.0.mlp.gate_proj.weight": r(I, H), "layers.0.mlp.up_proj.weight": r(I, H),
+             "layers.0.mlp.down_proj.weight": r(H, I), "layers.0.post_attention_layernorm.weight": torch.ones(H)}
+    if fc_bias:
+        state["fc.bias"] = r(H)
+    if embed:
+        state["embed_tokens.weight"] = r(V, H)
+    # configs lie about bias: this one always says False
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
+              "num_attention_heads": HEADS, "num_key_value_heads": KV, "num_hidden_layers": 1, "vocab_size": V,
+              "bias": False, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu"}
+    directory.mkdir(parents=True, exist_ok=True)
+    if bin_file:
+        torch.save(state, directory / "pytorch_model.bin")
+    else:
+        save_file(state, str(directory / "model.safetensors"))
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def _batch(width: int = 9, rows: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, V, (rows, width), generator=g)
+    mask = torch.ones_like(ids)
+    for b in range(1, rows):  # ragged: left padding of different widths
+        ids[b, : 2 * b], mask[b, : 2 * b] = 0, 0
+    return ids[:rows], mask[:rows]
+
+
+def _assert_identical(model, draft, batch: int, k: int = 4, new: int = 24) -> specdec.SpeculativeModel:
+    ids, mask = _batch(rows=batch)
+    spec = specdec.SpeculativeModel(model, draft, num_draft_tokens=k)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    out = spec.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, ref)
+    return spec
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_public_eagle3_checkpoint_loads_and_is_exact(tmp_path, batch):
+    model = make_model("llama")
+    directory = _public_eagle3(tmp_path / "e3")
+    head = load_head(directory, model)
+    assert head.config.kind == "eagle3" and head.config.draft_vocab_size == 40
+    assert head.config.aux_layers == (1, 1, 1)
+    drafter = EagleDrafter(head, model)
+    assert drafter.hidden_layers == (1, 1, 1)
+    spec = _assert_identical(model, f"eagle:{directory}", batch)
+    assert spec.last_stats.drafter_forwards > 0
+
+
+@pytest.mark.parametrize("fc_bias", [False, True])
+@pytest.mark.parametrize("embed", [False, True])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_public_eagle1_checkpoint_loads_and_is_exact(tmp_path, fc_bias, embed, batch):
+    model = make_model("llama")
+    directory = _public_eagle1(tmp_path / "e1", fc_bias=fc_bias, embed=embed, bin_file=not embed)
+    head = load_head(directory, model)
+    assert head.config.kind == "eagle" and (head.fc.bias is not None) == fc_bias
+    assert not hasattr(head.layers[0], "input_layernorm")
+    assert (head.embed_tokens is not None) == embed
+    assert EagleDrafter(head, model).hidden_layers == (model.config.num_hidden_layers,)
+    _assert_identical(model, f"eagle:{directory}", batch)
+
+
+def test_eagle3_drafts_only_draft_vocabulary_ids(tmp_path):
+    model = make_model("llama")
+    directory = _public_eagle3(tmp_path / "e3", draft_vocab=10)
+    drafter = EagleDrafter.from_pretrained(directory, model)
+    allowed = set(torch.nonzero(drafter.head.t2d).flatten().tolist())
+    ids, mask = _batch(rows=2)
+    out = model(ids, attention_mask=mask, output_hidden_states=True)
+    hidden = torch.cat([out.hidden_states[i] for i in drafter.hidden_layers], dim=-1)
+    d = drafter.for_call()
+    d.start(ids, mask, 64, hidden=hidden)
+    rows = Rows(torch.cat([ids, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1), torch.tensor([10, 10]))
+    proposal = d.propose(rows, 5, DraftContext(LogitsProcessorList(), False, None, V))
+    assert set(proposal.tokens.flatten().tolist()) <= allowed
+
+
+def _random_head(model, kind: str, seed: int = 0, draft_vocab: int | None = 48) -> EagleHead:
+    torch.manual_seed(seed)
+    config = HeadConfig.for_verifier(model.config, kind, draft_vocab_size=draft_vocab if kind == "eagle3" else None)
+    head = EagleHead(config)
+    if kind == "eagle3":
+        keep = torch.randperm(config.vocab_size)[: config.draft_vocab_size].sort().values
+        head.d2t.copy_(keep - torch.arange(len(keep)))
+        head.t2d.zero_()
+        head.t2d[keep] = True
+    head.attach(model.get_input_embeddings(), model.get_output_embeddings())
+    return head.eval()
+
+
+@pytest.mark.parametrize("arch", sorted(CONFIGS))
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_identity_every_architecture(arch, kind, batch):
+    model = make_model(arch)
+    _assert_identical(model, EagleDrafter(_random_head(model, kind), model), batch)
+
+
+class _CheckedDrafter(EagleDrafter):
+    """Checks at every proposal that the first draft's logits equal a from-scratch recomputation: the verifier
+    over each whole row, then the head over every (feature, next token) slot (the training forward)."""
+
+    verifier = None
+    checks = 0
+
+    def propose(self, rows, k, ctx):
+        if k <= 0:  # nothing fed: the pending features wait for the next proposal
+            return super().propose(rows, k, ctx)
+        head, model = self.head, type(self).verifier
+        expected = []
+        with torch.no_grad():
+            for b in range(len(rows)):
+                row = rows[b][self._pads[b]:].unsqueeze(0)
+                out = model(row, output_hidden_states=True)
+                feats = torch.cat([out.hidden_states[i] for i in self.hidden_layers], dim=-1)[:, :-1]
+                embeds = head.embed(row[:, 1:])
+                n = embeds.shape[1]
+                hidden = head(embeds, head.input_hidden(embeds, feats), torch.arange(n).unsqueeze(0),
+                              TrainingKeyValues(n, row.device))
+                expected.append(head.logits(hidden[:, -1]))
+        proposal = super().propose(rows, k, ctx)
+        with torch.no_grad():
+            mine = head.logits(self._last_first_hidden)
+        torch.testing.assert_close(mine, torch.cat(expected), rtol=1e-4, atol=1e-4)
+        type(self).checks += 1
+        return proposal
+
+    def _feed_pending(self, rows):
+        out = super()._feed_pending(rows)
+        self._last_first_hidden = out[:, -1]
+        return out
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+def test_head_cache_equals_recomputation_through_ragged_generation(kind):
+    """The head's KV cache (prompt features, commits, rolled-back drafts, rows leaving) matches a full recompute."""
+    model = make_model("llama")
+    _CheckedDrafter.verifier, _CheckedDrafter.checks = model, 0
+    drafter = _CheckedDrafter(_random_head(model, kind), model)
+    ids, mask = _batch(rows=3)
+    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=3)
+    eos = [int(x) for x in model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                          pad_token_id=0)[0, -3:]]
+    out = spec.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=eos[:1])
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=eos[:1])
+    assert torch.equal(out, ref)
+    assert _CheckedDrafter.checks >= 3
+
+
+def test_save_load_round_trip(tmp_path):
+    model = make_model("qwen3")
+    head = _random_head(model, "eagle3")
+    save_head(head, tmp_path / "h", dtype=torch.float32, card="# card\n")
+    loaded = load_head(tmp_path / "h", model)
+    saved = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary")}
+    for key, value in loaded.state_dict().items():
+        if not key.startswith("rotary"):
+            assert torch.equal(value, saved[key]), key
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 48
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(head.config.aux_layers)
+    assert (tmp_path / "h" / "README.md").read_text() == "# card\n"
+
+
+def test_drafter_names():
+    assert parse_draft("eagle").kind == "eagle" and parse_draft("eagle").head is None
+    assert parse_draft("eagle:/x/y").head == "/x/y"
+    with pytest.raises(DraftSpecError, match="head directory"):
+        parse_draft("eagle:")
+
+
+def test_bad_heads_get_clear_errors(tmp_path):
+    model = make_model("llama")
+    with pytest.raises(HeadLoadError, match="does not exist"):
+        specdec.SpeculativeModel(model, f"eagle:{tmp_path / 'nowhere'}")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(HeadLoadError, match="no config.json"):
+        load_head(tmp_path / "empty", model)
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text("{}")
+    with pytest.raises(HeadLoadError, match="model.safetensors or pytorch_model.bin"):
+        load_head(tmp_path / "noweights", model)
+    wide = _public_eagle3(tmp_path / "wide", hidden=2 * H)  # trained for a model with another hidden size
+    with pytest.raises(HeadLoadError, match="hidden states of size 128, the verifier's are 64"):
+        load_head(wide, model)
+    vocab = _public_eagle3(tmp_path / "vocab", config_extra={"vocab_size": 500})
+    with pytest.raises(HeadLoadError, match="vocabulary has 500 tokens, the verifier's 96"):
+        load_head(vocab, model)
+    deep = _public_eagle3(tmp_path / "deep", layers=(2, 5, 9))
+    with pytest.raises(HeadLoadError, match="only 2 layers"):
+        load_head(deep, model)
+    with pytest.raises(HeadLoadError, match="no draft head ships for this verifier.*train-head"):
+        specdec.SpeculativeModel(model, "eagle")
+
+
+class _LyingDrafter(EagleDrafter):
+    """Negative control: reports uniform draft probabilities instead of the ones it sampled from."""
+
+    def propose(self, rows, k, ctx):
+        proposal = super().propose(rows, k, ctx)
+        if proposal.probs is not None:
+            proposal.probs = torch.full_like(proposal.probs, 1.0 / proposal.probs.shape[-1])
+        return proposal
+
+
+def _sample_counts(spec, prompt, steps, rows, sampling, seed=42):
+    gen = torch.Generator().manual_seed(seed)
+    counts: dict = {}
+    for _ in range(2):
+        out = spec.generate(prompt.expand(rows, -1), max_new_tokens=steps, do_sample=True, generator=gen, **sampling)
+        for r in out[:, prompt.shape[1]:].tolist():
+            counts[tuple(r)] = counts.get(tuple(r), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+def test_sampling_with_a_head_follows_the_verifier(kind):
+    from test_sampling import ALPHA, _chi2, _exact_joint, _tiny_vocab_model
+
+    verifier = _tiny_vocab_model(0)
+    head = _random_head(verifier, kind, seed=1, draft_vocab=6)
+    # a confident head (sharp logits) makes the negative control's lie large
+    with torch.no_grad():
+        (head.lm_head if kind == "eagle3" else head.fc).weight.mul_(4.0)
+    prompt = torch.tensor([[3, 1, 4]])
+    sampling = dict(temperature=0.8, top_k=0, top_p=1.0)
+    exact = _exact_joint(verifier, prompt, 3, **sampling)
+    spec = specdec.SpeculativeModel(verifier, EagleDrafter(head, verifier), num_draft_tokens=2)
+    counts = _sample_counts(spec, prompt, 3, 1500, sampling)
+    assert spec.last_stats.accepted > 0
+    assert _chi2(counts, exact, sum(counts.values())) > ALPHA
+    if kind != "eagle3":
+        return  # one negative control shows the test's power; the EAGLE-3 head's sharp lm_head makes its lie large
+    liar = specdec.SpeculativeModel(verifier, _LyingDrafter(head, verifier), num_draft_tokens=2)
+    counts = _sample_counts(liar, prompt, 3, 1500, sampling)
+    assert _chi2(counts, exact, sum(counts.values())) < ALPHA, "the test must catch a drafter that misreports q"
+
+
+def _self_distilled(model, count: int, prompt_len: int = 6, new: int = 40, seed: int = 1) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(count):
+        p = torch.randint(3, V, (1, prompt_len), generator=g)
+        out = model.generate(p, max_new_tokens=new, do_sample=False, pad_token_id=0, eos_token_id=None)
+        samples.append({"id": str(i), "prompt_ids": p[0].tolist(), "response_ids": out[0, prompt_len:].tolist()})
+    return samples
+
+
+def test_training_lowers_the_loss_raises_acceptance_and_resumes(tmp_path):
+    from specdec.heads.features import FeatureSet, extract_features
+    from specdec.heads.pipeline import heldout_acceptance
+    from specdec.heads.train import TrainConfig, init_head, train_head
+
+    model = make_model("llama")
+    samples = _self_distilled(model, 24)
+    config = HeadConfig.for_verifier(model.config, "eagle3")
+    features = FeatureSet(extract_features(model, samples, tmp_path / "features", config.aux_layers,
+                                           shard_samples=10, progress=False))
+    assert len(features) == 24 and len(list((tmp_path / "features").glob("*.safetensors"))) == 3
+    train = TrainConfig(draft_vocab=64, epochs=40, batch_tokens=512, lr=3e-3, warmup=10, save_every=40)
+    head, summary = train_head(model, features, list(range(24)), tmp_path, train, config, progress=False, log=lambda m: None)
+    first, last = summary["history_first"], summary["final"]
+    assert last["loss_0"] < first["loss_0"] - 0.1 and last["acc_0"] > first["acc_0"]
+    untrained = init_head(config, model, torch.nonzero(head.t2d).flatten())
+    untrained.attach(model.get_input_embeddings(), model.get_output_embeddings())
+    trained_rate, trained_len = heldout_acceptance(model, head, samples[:6], 4, 24)
+    untrained_rate, _ = heldout_acceptance(model, untrained.eval(), samples[:6], 4, 24)
+    assert trained_rate > untrained_rate + 0.05 and trained_len > 1.0
+    # a rerun finds the last checkpoint and has nothing left to do
+    again, resumed = train_head(model, features, list(range(24)), tmp_path, train, config, progress=False, log=lambda m: None)
+    assert resumed["steps"] == summary["steps"] and resumed["resumed_from"] == summary["steps"]
+    for (name, a), b in zip(head.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_train_head_cli_rejects_bad_inputs_before_loading(tmp_path, capsys):
+    from specdec.cli import main
+
+    assert main(["train-head", "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": 1, "prompt": ""}\n')
+    assert main(["train-head", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "bad.jsonl:1" in capsys.readouterr().err
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": 1, "prompt": "hi"}\n')
+    (tmp_path / "file").write_text("x")
+    assert main(["train-head", "--data", str(good), "--out", str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(["train-head", "--data", str(good), "--out", str(tmp_path / "o"), "--model", "/no/such/model"]) == 2
+    assert "neither" in capsys.readouterr().err
