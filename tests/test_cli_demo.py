@@ -51,7 +51,7 @@ def test_demo_says_the_default_drafter_is_grid_bound(snapped_dir, capsys):
     assert "drafter self:int4+head8: a quantized copy of the verifier (int4:g32+head8); " \
            "relative weight error against the verifier 0.00% over 14 linear layers" in out
     assert "NOTE: its weights coincide with the verifier's storage grid" in out
-    assert "not representative of a bf16 model" in out and "--draft self:int8 or prompt-lookup" in out
+    assert "not representative of a bf16 model" in out and "--draft eagle, self:int8 or prompt-lookup" in out
 
 
 def test_demo_on_a_plain_model_is_not_grid_bound(plain_dir, capsys):

@@ -60,3 +60,44 @@ def test_sampling_with_the_shipped_head_is_reproducible(smollm2, spec):
     a = spec.generate(ids, generator=torch.Generator().manual_seed(5), **kwargs)
     b = spec.generate(ids, generator=torch.Generator().manual_seed(5), **kwargs)
     assert torch.equal(a, b) and spec.last_stats.accepted > 0
+
+
+def test_train_head_pipeline_end_to_end_with_the_real_tokenizer(smollm2, tmp_path):
+    """Every stage of train-head on a tiny verifier sharing SmolLM2's tokenizer: prompt files with licenses,
+    verifier-written prompts, a given response, features, training, the saved head and the contract keys;
+    a rerun resumes every stage instead of redoing it."""
+    import transformers as tf
+
+    from specdec.heads.pipeline import PipelineConfig, run_pipeline
+    from specdec.heads.train import TrainConfig
+
+    _, tokenizer = smollm2
+    torch.manual_seed(0)
+    tiny = tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)).eval()
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"id": f"m{i}", "group": "math", "prompt": f"What is {i} plus {i}?"} for i in range(4)]
+    rows += [{"id": "c0", "group": "chat", "prompt": "Say hello.", "response": "Hello there, friend."}]
+    (data / "mix.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (data / "README.md").write_text("| file | rows | source | license |\n|---|---|---|---|\n| mix.jsonl | 5 | made up | CC0 |\n")
+    config = PipelineConfig(per_group=3, self_prompts=2, max_new_tokens=8, gen_batch=4, heldout=0.2, eval_prompts=1,
+                            eval_new_tokens=8, train=TrainConfig(draft_vocab=64, epochs=1, batch_tokens=256, warmup=1))
+    result = run_pipeline(tiny, tokenizer, data, tmp_path / "head", config, model_name="tiny", progress=False,
+                          log=lambda m: None)
+    assert set(result) == {"out", "samples", "tokens", "steps", "seconds", "heldout_acceptance", "mean_accepted_length"}
+    assert 3 + 1 <= result["samples"] <= 3 + 1 + 2 and result["steps"] >= 1 and 0 <= result["heldout_acceptance"] <= 1
+    samples = [json.loads(line) for line in (tmp_path / "head" / "work" / "samples.jsonl").read_text().splitlines()]
+    given = next(s for s in samples if s["id"] == "c0")
+    assert tokenizer.decode(given["response_ids"], skip_special_tokens=True) == "Hello there, friend."
+    assert "CC0" in {s.get("license") for s in samples}
+    card = (tmp_path / "head" / "README.md").read_text()
+    assert "CC0" in card and "made up" in card
+    again = run_pipeline(tiny, tokenizer, data, tmp_path / "head", config, model_name="tiny", progress=False,
+                         log=lambda m: None)
+    assert again["samples"] == result["samples"] and again["steps"] == result["steps"]
+    head = specdec.SpeculativeModel(tiny, f"eagle:{tmp_path / 'head'}")
+    ids = torch.tensor([tokenizer("Hi")["input_ids"]])
+    assert torch.equal(head.generate(ids, max_new_tokens=6, do_sample=False),
+                       tiny.generate(ids, max_new_tokens=6, do_sample=False))

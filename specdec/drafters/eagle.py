@@ -32,6 +32,10 @@ class EagleDrafter(Drafter):
         self._pending: list[torch.Tensor] = []  # per row: features whose next token was not yet fed
         self._real: list[int] = []  # per row: left padding of its prompt
         self._committed: torch.Tensor | None = None
+        c = head.config
+        identity = c.kind == "eagle" or (c.draft_vocab_size == c.vocab_size and not bool(head.d2t.any()))
+        # verifier ids of the head's vocabulary rows; None when they are the verifier's ids already
+        self._draft_ids = None if identity else head.to_target(torch.arange(c.draft_vocab_size, device=head.d2t.device))
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, verifier: Any) -> "EagleDrafter":
@@ -108,12 +112,10 @@ class EagleDrafter(Drafter):
 
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits spread over the verifier's vocabulary (-inf where the head cannot draft)."""
-        if self.kind == "eagle" or self.head.config.draft_vocab_size == self.head.config.vocab_size and \
-                not bool(self.head.d2t.any()):
+        if self._draft_ids is None:
             return logits
         full = logits.new_full((logits.shape[0], self.head.config.vocab_size), float("-inf"))
-        ids = self.head.to_target(torch.arange(logits.shape[-1], device=logits.device))
-        full[:, ids] = logits
+        full[:, self._draft_ids] = logits
         return full
 
     def commit(self, update: Commit) -> None:

@@ -18,9 +18,9 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=160, help="length of the responses the verifier writes")
     p.add_argument("--gen-batch", type=int, default=48)
     p.add_argument("--draft-vocab", type=int, default=4096, help="EAGLE-3 draft vocabulary size (0: the full vocabulary)")
-    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--epochs", type=float, default=9.0)
     p.add_argument("--batch-tokens", type=int, default=4096)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps")
@@ -56,7 +56,10 @@ def run_train_head(args: argparse.Namespace) -> int:
     except (TrainDataError, ModelNotFoundError) as e:
         print(f"specdec train-head: error: {e}", file=sys.stderr)
         return 2
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from accelerate import PartialState
+
+    # under `accelerate launch` each process takes its own GPU
+    device = args.device or (str(PartialState().device) if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model(args.model, device=device)
     config = PipelineConfig(
         per_group=args.per_group or None, self_prompts=args.self_prompts, max_new_tokens=args.max_new_tokens,

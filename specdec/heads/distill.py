@@ -111,8 +111,22 @@ def write_self_prompts(model: Any, tokenizer: Any, count: int, out: Path, *, see
 def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Path, *, batch_size: int = 32,
             max_new_tokens: int = 192, progress: bool = True) -> list[dict[str, Any]]:
     """Greedy responses of the verifier to ``prompts``, appended to ``out`` (JSON Lines: id, group, source,
-    license, ``prompt_ids``, ``response_ids``); resumable. Returns every sample in ``out``."""
+    license, ``prompt_ids``, ``response_ids``); resumable. Prompts that come with a ``response`` keep it
+    (tokenized, plus end of sequence). Returns every sample in ``out``."""
     items = [p.to_json() for p in prompts]
+    given = [p for p in items if p.get("response")]
+    if given:
+        done = {r["id"] for r in read_jsonl(out)}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        eos = _eos_ids(model, tokenizer)[:1]
+        with out.open("a", encoding="utf-8") as f:
+            for p in given:
+                if p["id"] not in done:
+                    response = tokenizer(p["response"], add_special_tokens=False)["input_ids"] + eos
+                    f.write(json.dumps({**{k: p[k] for k in ("id", "group", "source", "license")},
+                                        "prompt_ids": encode_prompt(tokenizer, p["prompt"])[0].tolist(),
+                                        "response_ids": response}) + "\n")
+        items = [p for p in items if not p.get("response")]
 
     def finish(item: dict, response: list[int], ids: torch.Tensor) -> dict:
         return {**{k: item[k] for k in ("id", "group", "source", "license")}, "prompt_ids": ids.tolist(),

@@ -51,22 +51,27 @@ def run_pipeline(model: Any, tokenizer: Any, data: str | Path, out: str | Path, 
                  model_name: str = "", command: str = "", progress: bool = True, log: Any = _log) -> dict[str, Any]:
     """Build a draft head for ``model`` from the prompts in ``data``; returns the contract summary
     (``out``, ``samples``, ``tokens``, ``steps``, ``seconds``, ``heldout_acceptance``, ``mean_accepted_length``)."""
+    from accelerate import PartialState
+
     out = Path(out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    prompts = balance(read_train_prompts(data), config.per_group, seed=config.train.seed)
-    if config.self_prompts:
-        prompts += write_self_prompts(model, tokenizer, config.self_prompts, work / "self_prompts.jsonl",
-                                      seed=config.train.seed, batch_size=config.gen_batch, progress=progress)
-    samples = distill(model, tokenizer, prompts, work / "samples.jsonl", batch_size=config.gen_batch,
-                      max_new_tokens=config.max_new_tokens, progress=progress)
-    if len(samples) < 2:
-        raise ValueError(f"only {len(samples)} usable samples in {data}: a head needs more training data")
-    generated = time.perf_counter()
-    head_config = HeadConfig.for_verifier(model.config, config.train.kind, draft_vocab_size=None)
-    layers = head_config.aux_layers if head_config.kind == "eagle3" else (model.config.get_text_config().num_hidden_layers,)
-    paths = extract_features(model, samples, work / "features", layers, progress=progress)
+    state = PartialState()
+    # under `accelerate launch`, the main process writes the data and features; the others then find them done
+    with state.main_process_first():
+        prompts = balance(read_train_prompts(data), config.per_group, seed=config.train.seed)
+        if config.self_prompts:
+            prompts += write_self_prompts(model, tokenizer, config.self_prompts, work / "self_prompts.jsonl",
+                                          seed=config.train.seed, batch_size=config.gen_batch, progress=progress)
+        samples = distill(model, tokenizer, prompts, work / "samples.jsonl", batch_size=config.gen_batch,
+                          max_new_tokens=config.max_new_tokens, progress=progress)
+        if len(samples) < 2:
+            raise ValueError(f"only {len(samples)} usable samples in {data}: a head needs more training data")
+        generated = time.perf_counter()
+        head_config = HeadConfig.for_verifier(model.config, config.train.kind, draft_vocab_size=None)
+        layers = head_config.aux_layers if head_config.kind == "eagle3" else (model.config.get_text_config().num_hidden_layers,)
+        paths = extract_features(model, samples, work / "features", layers, progress=progress)
     features = FeatureSet(paths)
     featured = time.perf_counter()
     order = list(range(len(samples)))
@@ -75,6 +80,8 @@ def run_pipeline(model: Any, tokenizer: Any, data: str | Path, out: str | Path, 
     held, train_idx = sorted(order[:n_held]), sorted(order[n_held:])
     head, summary = train_head(model, features, train_idx, out, config.train, head_config, progress=progress, log=log)
     trained = time.perf_counter()
+    if not state.is_main_process:
+        return {}
     acceptance, accepted_length = heldout_acceptance(model, head, [samples[i] for i in held[:config.eval_prompts]],
                                                      config.eval_k, config.eval_new_tokens)
     tokens = sum(len(s["response_ids"]) for s in samples)

@@ -1,7 +1,7 @@
 """Training prompts for draft heads: the shared prompt files, balanced by group, and prompts the verifier writes.
 
 The prompt files (``../shared/data/train_prompts`` in this project) are JSON Lines ``{"id", "group",
-"prompt"}``; the directory's README has a table ``| file | rows | source | license |`` whose source and
+"prompt"}`` (optionally ``"response"``: a given answer, trained on instead of the verifier's own); the directory's README has a table ``| file | rows | source | license |`` whose source and
 license travel with every sample, so the model card can credit them. Spec-Bench or any evaluation set
 must never be used here.
 """
@@ -26,6 +26,7 @@ class TrainPrompt:
     prompt: str
     source: str
     license: str
+    response: str | None = None  # a given response: trained on as is instead of one the verifier writes
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,8 +71,11 @@ def read_train_prompts(data: str | Path) -> list[TrainPrompt]:
                 raise TrainDataError(f"{file}:{number}: expected a JSON object with a 'prompt' string") from None
             if not isinstance(text, str) or not text.strip():
                 raise TrainDataError(f"{file}:{number}: 'prompt' must be a non-empty string")
+            response = row.get("response")
+            if response is not None and (not isinstance(response, str) or not response.strip()):
+                raise TrainDataError(f"{file}:{number}: 'response', when given, must be a non-empty string")
             prompts.append(TrainPrompt(str(row.get("id", f"{file.stem}-{number}")), str(row.get("group", file.stem)),
-                                       text, source, license_))
+                                       text, source, license_, response))
     if not prompts:
         raise TrainDataError(f"training data {str(data)!r} holds no prompts")
     return prompts

@@ -35,9 +35,9 @@ class TrainConfig:
 
     kind: str = "eagle3"
     draft_vocab: int | None = 4096  # EAGLE-3: most frequent target tokens kept; None: the full vocabulary
-    epochs: float = 4.0
+    epochs: float = 9.0
     batch_tokens: int = 4096  # padded tokens per optimizer step (per process)
-    lr: float = 1e-3
+    lr: float = 2e-3
     warmup: int = 50
     ttt_steps: int = 3  # EAGLE-3 unrolled steps
     grad_clip: float = 0.5
@@ -188,6 +188,17 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
     return total, stats
 
 
+class _WithLoss(nn.Module):
+    """The head with its loss as ``forward``, so a DDP wrapper (``accelerate launch``) sees the whole step."""
+
+    def __init__(self, head: EagleHead, ttt_steps: int) -> None:
+        super().__init__()
+        self.head, self.ttt_steps = head, ttt_steps
+
+    def forward(self, batch: dict[str, torch.Tensor], embed: nn.Module, target_head: nn.Module):
+        return head_loss(self.head, batch, embed, target_head, self.ttt_steps)
+
+
 def _latest_checkpoint(directory: Path) -> Path | None:
     found = sorted(directory.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
     return found[-1] if found else None
@@ -210,7 +221,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         keep, coverage = draft_vocabulary(features, train_idx, size, head_config.vocab_size)
         head_config.draft_vocab_size = len(keep)
         log(f"draft vocabulary: {len(keep)} tokens cover {coverage:.1%} of the training targets")
-    head = init_head(head_config, verifier, keep).to(accelerator.device)
+    head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps).to(accelerator.device)
     embed, target_head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
     lengths = [len(features[i]["input_ids"]) for i in train_idx]
     per_epoch = len(_batches(lengths, config.batch_tokens, random.Random(0)))
@@ -229,7 +240,6 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         step, seconds = state["step"], state["seconds"]
         resumed_from, earlier = step, state.get("history_first", [])
         log(f"resuming from {latest} (step {step} of {total_steps})")
-    model = accelerator.unwrap_model(head)
     history: list[dict[str, float]] = []
     bar = tqdm(total=total_steps, initial=step, desc="training head", disable=not progress or not accelerator.is_main_process)
     epoch_batches: dict[int, list[list[int]]] = {}
@@ -242,7 +252,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
             epoch_batches = {epoch: _batches(lengths, config.batch_tokens, random.Random(config.seed * 1000 + epoch))}
         batch = collate(features, [train_idx[i] for i in epoch_batches[epoch][within]], accelerator.device)
         with accelerator.autocast():
-            loss, stats = head_loss(model, batch, embed, target_head, config.ttt_steps)
+            loss, stats = head(batch, embed, target_head)
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(head.parameters(), config.grad_clip)
         optimizer.step()
@@ -265,7 +275,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
                     shutil.rmtree(old, ignore_errors=True)
     bar.close()
     head.eval()
-    model = accelerator.unwrap_model(head).to(verifier.device)
+    model = accelerator.unwrap_model(head).head.to(verifier.device)
     model.attach(embed, target_head)
     if not history and latest is not None:  # nothing left to train: report what the last run saw
         history = json.loads((latest / "trainer.json").read_text()).get("history_last", [])
