@@ -38,7 +38,7 @@ def test_greedy_identical_with_the_shipped_head(smollm2, spec, item):
     ids = encode_prompt(tokenizer, item["prompt"])
     kwargs = dict(max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
-    assert spec.last_stats.mean_accepted_length > 1.5  # a trained head, not a random one
+    assert spec.last_stats.mean_accepted_length > 1.15  # a trained head (a random one stays near 1.0)
 
 
 def test_ragged_batch_of_three_with_the_shipped_head(smollm2, spec):
