@@ -76,7 +76,6 @@ def check_vocab_compat(
         )
 
 
-
 def processed_scores(logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
     """Draft logits ``[B, V']`` as the verifier will judge them: fitted to its vocabulary (ids past it
     dropped, missing ones -inf) and through the call's logits processors with each row's context."""

@@ -201,10 +201,10 @@ class CachedKeyValues(KeyValues):
     def __init__(self, cache: HeadCache, n: int) -> None:
         self.cache = cache
         device = cache.lengths.device
-        cache.grow(int(cache.lengths.max()) + n)
+        self.span = int(cache.lengths.max()) + n  # slots any row of this pass can see
+        cache.grow(self.span)
         self.positions = cache.lengths.unsqueeze(1) + torch.arange(n, device=device)  # [B, n]
         self.rows = torch.arange(cache.lengths.shape[0], device=device).unsqueeze(1).expand(-1, n)
-        self.span = int(cache.lengths.max()) + n
         self.mask = torch.arange(self.span, device=device).view(1, 1, -1) <= self.positions.unsqueeze(-1)
 
     def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
