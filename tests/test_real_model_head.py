@@ -9,6 +9,7 @@ import torch
 import specdec
 from specdec.eval.side_by_side import BUILTIN_PROMPTS, encode_prompt
 from specdec.heads import shipped_head, shipped_heads
+from specdec.prompts import encode_batch
 
 pytestmark = pytest.mark.slow
 
@@ -43,12 +44,8 @@ def test_greedy_identical_with_the_shipped_head(smollm2, spec, item):
 
 def test_ragged_batch_of_three_with_the_shipped_head(smollm2, spec):
     model, tokenizer = smollm2
-    prompts = [encode_prompt(tokenizer, item["prompt"])[0] for item in BUILTIN_PROMPTS[:3]]
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), tokenizer.eos_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):], mask[r, width - len(p):] = p, 1
+    ids, mask = encode_batch(tokenizer, [item["prompt"] for item in BUILTIN_PROMPTS[:3]])
+    assert (mask == 0).any()  # ragged: left padding
     kwargs = dict(max_new_tokens=32, do_sample=False, pad_token_id=tokenizer.eos_token_id)
     assert torch.equal(spec.generate(ids, attention_mask=mask, **kwargs), model.generate(ids, attention_mask=mask, **kwargs))
 

@@ -30,7 +30,7 @@ class EagleDrafter(Drafter):
         self.hidden_layers = (layers,) if head.config.kind == "eagle" else tuple(head.config.aux_layers)
         self._cache: HeadCache | None = None
         self._pending: list[torch.Tensor] = []  # per row: features whose next token was not yet fed
-        self._real: list[int] = []  # per row: left padding of its prompt
+        self._pads: list[int] = []  # per row: left padding of its prompt
         self._committed: torch.Tensor | None = None
         c = head.config
         identity = c.kind == "eagle" or (c.draft_vocab_size == c.vocab_size and not bool(head.d2t.any()))
@@ -51,15 +51,13 @@ class EagleDrafter(Drafter):
         if hidden is None:
             raise ValueError("an EAGLE drafter needs the verifier's prompt hidden states (start(hidden=...))")
         self.forwards = 0
-        batch, width = input_ids.shape
-        pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
+        batch = input_ids.shape[0]
+        self._pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
         c, p = self.head.config, next(self.head.parameters())
         self._cache = HeadCache(len(self.head.decoder_layers), batch, max_len + 1, c.num_key_value_heads, c.head_dim,
                                 p.dtype, p.device)
-        self._pads = pads
-        self._pending = [hidden[b, pads[b]:] for b in range(batch)]
+        self._pending = [hidden[b, pad:] for b, pad in enumerate(self._pads)]
         self._committed = self._cache.lengths.clone()
-        self._fed = 0
 
     def _feed_pending(self, rows: Rows) -> torch.Tensor:
         """Feed every row's pending (feature, next token) pairs in one pass; the output after each row's last."""

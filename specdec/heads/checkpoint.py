@@ -65,9 +65,9 @@ def check_against(config: HeadConfig, state: dict[str, torch.Tensor] | None, ver
         problems.append(f"it reads hidden states {bad}, the verifier has only {layers} layers")
     if state is not None:
         fc = state.get("fc.weight")
-        if fc is not None and fc.shape[1] != config.feature_size + (config.hidden_size if config.kind == "eagle" else 0):
+        if fc is not None and fc.shape[1] != config.fc_in_features:
             problems.append(f"fc.weight is {list(fc.shape)}, but a {config.kind} head over this verifier needs "
-                            f"{[config.hidden_size, config.feature_size + (config.hidden_size if config.kind == 'eagle' else 0)]}")
+                            f"{[config.hidden_size, config.fc_in_features]}")
     if problems:
         raise HeadLoadError(f"the draft head at {where} does not match the verifier: " + "; ".join(problems))
 

@@ -80,6 +80,11 @@ class HeadConfig:
         """Width of the verifier features the fc reads: ``3 * target_hidden`` (EAGLE-3) or ``H`` (EAGLE)."""
         return len(self.aux_layers) * self.target_hidden_size if self.kind == "eagle3" else self.target_hidden_size
 
+    @property
+    def fc_in_features(self) -> int:
+        """Width of the fc's input: the features, plus the token embedding for EAGLE-1/2 heads."""
+        return self.feature_size + (self.hidden_size if self.kind == "eagle" else 0)
+
     def to_json(self) -> dict[str, Any]:
         """The public config.json layout (EAGLE-3's ``LlamaForCausalLMEagle3``, EAGLE's ``LlamaForCausalLM``)."""
         out = dict(self.extra)

@@ -72,7 +72,10 @@ def _batched(model: Any, tokenizer: Any, items: list[dict[str, Any]], out: Path,
     """Generate for every item whose id is not in ``out`` yet, in batches of similar prompt length, appending
     ``finish(item, response_ids, prompt_ids)`` rows (``None``: skip the item, but remember it was done)."""
     done = read_jsonl(out)
-    _rewrite_clean(out, done) if out.is_file() else out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_file():
+        _rewrite_clean(out, done)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
     seen = {r["id"] for r in done}
     todo = [(item, encode(item)) for item in items if item["id"] not in seen]
     todo.sort(key=lambda pair: len(pair[1]))  # similar lengths share a batch: less padding

@@ -127,8 +127,7 @@ class EagleHead(nn.Module):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        in_fc = config.feature_size + (h if config.kind == "eagle" else 0)
-        self.fc = nn.Linear(in_fc, h, bias=fc_bias)
+        self.fc = nn.Linear(config.fc_in_features, h, bias=fc_bias)
         if config.kind == "eagle3":
             self.midlayer = EagleLayer(config, 0, attn_bias)
             self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)

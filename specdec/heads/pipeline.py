@@ -95,7 +95,7 @@ def run_pipeline(model: Any, tokenizer: Any, data: str | Path, out: str | Path, 
               "training_seconds_total": round(summary["seconds"], 1), "final_train_metrics": summary["final"],
               "train_config": summary["train_config"], "pipeline": {k: v for k, v in vars(config).items() if k != "train"},
               "heldout_samples": len(held), "eval_k": config.eval_k, "model": model_name,
-              "sources": _sources(samples, [i for i in train_idx])}
+              "sources": _sources(samples, train_idx)}
     extra = {"specdec_verifier": {**fingerprint(model.config), "name": model_name}}
     save_head(head, out, card=model_card(record, head.config), extra_config=extra)
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

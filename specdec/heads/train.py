@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -226,8 +227,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     lengths = [len(features[i]["input_ids"]) for i in train_idx]
     per_epoch = len(_batches(lengths, config.batch_tokens, random.Random(0)))
     total_steps = max(1, math.ceil(per_epoch * config.epochs / accelerator.num_processes))
-    trainable = [p for n, p in head.named_parameters()]
-    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / config.warmup) * 0.5 *
                                                   (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
     head, optimizer, schedule = accelerator.prepare(head, optimizer, schedule)
@@ -270,8 +270,6 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
                     "step": step, "seconds": time.perf_counter() - started,
                     "history_first": (earlier + history)[:20], "history_last": history[-20:]}))
                 for old in sorted(checkpoints.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
-                    import shutil
-
                     shutil.rmtree(old, ignore_errors=True)
     bar.close()
     head.eval()
