@@ -20,6 +20,9 @@ from specdec.drafters import Drafter, resolve_drafter
 from specdec.engine import call_slots, speculative_generate
 from specdec.sizing import check_fits
 from specdec.stats import SpecStats
+from specdec.trees.config import TreeConfig, parse_tree
+from specdec.trees.plan import TreePlan
+from specdec.trees.sizing import TreeSizer, VerifyCost, measure_verify_cost
 from specdec.verifiers.hf import CausalLMRunner
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
@@ -60,6 +63,13 @@ class SpeculativeModel:
             cuts a small drafter's step by about a third; the first calls pay the compilation
             (about a minute per input shape, cached on disk for later processes). Output is
             unaffected: the verifier is never compiled.
+        tree: verify a tree of drafts per pass instead of a chain (:mod:`specdec.trees`): ``"static"``, a
+            list of paths of top-k ranks, ``"dynamic"`` (EAGLE-2), a dict of :class:`~specdec.trees.TreeConfig`
+            fields, or ``"auto"`` (sized per pass from the verifier's measured cost against tokens per pass and
+            the drafter's calibrated confidence). Output is unchanged: greedy stays token-identical and
+            sampling exact. Drafters: heads, model drafters, prompt lookup, composite.
+        tree_cost: for ``tree="auto"``, a :class:`~specdec.trees.sizing.VerifyCost` to use instead of measuring
+            the verifier on first use (a few seconds: passes of 1..64 tokens).
     """
 
     def __init__(
@@ -72,8 +82,13 @@ class SpeculativeModel:
         memory_budget: int | str | None = None,
         adaptive: bool = False,
         compile_drafter: bool = False,
+        tree: Any = None,
+        tree_cost: VerifyCost | None = None,
     ) -> None:
         _check_k(num_draft_tokens)
+        self.tree: TreeConfig | None = parse_tree(tree)
+        if self.tree is not None and adaptive:
+            raise ValueError("adaptive draft lengths are for chains; with a tree use tree='auto' to size it per pass")
         self.memory_budget = memory_budget
         self.model = model
         self.tokenizer = tokenizer
@@ -90,6 +105,13 @@ class SpeculativeModel:
         # the clock-free cost model of seeded adaptive calls: fixed by the two models, so computed once
         self._draft_cost_ratio = _draft_cost_ratio(self.drafter, model) if adaptive else None
         self.last_stats: SpecStats | None = None
+        if self.tree is not None and not self.drafter.supports_tree:
+            raise ValueError(f"tree={tree!r}: {type(self.drafter).__name__} cannot draft trees (heads, model drafters, "
+                             "prompt lookup and composite can)")
+        if self.tree is not None and self.tree.mode != "static":
+            self.verifier.check_tree_masks()  # a model that would ignore the tree mask is refused now, not mid-call
+        self.tree_cost = tree_cost
+        self._sizer: TreeSizer | None = None  # auto, unseeded calls: what it learnt carries over between calls
 
     def __getattr__(self, name: str) -> Any:
         # Only what generate's callers and pipelines read from a model; anything else is an error,
@@ -138,7 +160,9 @@ class SpeculativeModel:
             raise NotImplementedError("specdec streams batch size 1 only (rows advance by different amounts per step)")
         if batch > 1 and setup.config.return_dict_in_generate and (setup.config.output_scores or setup.config.output_logits):
             raise NotImplementedError("output_scores / output_logits are supported for batch size 1 only")
-        self._check_memory(setup.input_ids.shape, call_slots(setup, k), k)
+        plan = self._tree_plan(generator)
+        slots = call_slots(setup, k) + (0 if plan is None else plan.config.extra_slots)
+        self._check_memory(setup.input_ids.shape, slots, k if plan is None else plan.config.max_nodes)
         result = speculative_generate(
             self.verifier,
             self.drafter,
@@ -148,6 +172,7 @@ class SpeculativeModel:
             generator=generator,
             output_scores=bool(setup.config.return_dict_in_generate and setup.config.output_scores),
             output_logits=bool(setup.config.return_dict_in_generate and setup.config.output_logits),
+            tree=plan,
         )
         self.last_stats = result.stats
         if not setup.config.return_dict_in_generate:
@@ -156,6 +181,22 @@ class SpeculativeModel:
             sequences=result.sequences, scores=result.scores, logits=result.logits, spec_stats=result.stats
         )
 
+
+    def _tree_plan(self, generator: torch.Generator | None) -> TreePlan | None:
+        """This call's tree policy; ``auto`` measures the verifier's cost curve once, on first use."""
+        if self.tree is None:
+            return None
+        if self.tree.mode != "auto":
+            return TreePlan(self.tree)
+        if self.tree_cost is None:
+            self.tree_cost = measure_verify_cost(self.verifier)
+        limit = self.tree.total_tokens
+        if generator is not None:  # reproducible: a clock-free draft cost, nothing carried over from other calls
+            ratio = _draft_cost_ratio(self.drafter, self.model)
+            return TreePlan(self.tree, TreeSizer(self.tree_cost, draft_step=ratio * self.tree_cost(1), max_tokens=limit))
+        if self._sizer is None or self._sizer.cost is not self.tree_cost:
+            self._sizer = TreeSizer(self.tree_cost, max_tokens=limit)
+        return TreePlan(self.tree, self._sizer)
 
     def _draft_length(self, k: int, generator: torch.Generator | None) -> int | AdaptiveDraftLength:
         """The draft-length policy of one call: ``k`` itself, or an adaptive policy drafting at most ``k``."""
@@ -200,7 +241,7 @@ def _check_k(k: int) -> None:
 
 def generate(model: PreTrainedModel, draft: Any = "self:int8", inputs: torch.Tensor | None = None, **kwargs: Any):
     """One-shot speculative generation: ``SpeculativeModel(model, draft).generate(inputs, **kwargs)``."""
-    options = {key: kwargs.pop(key) for key in ("num_draft_tokens", "tokenizer", "draft_tokenizer") if key in kwargs}
+    options = {key: kwargs.pop(key) for key in ("num_draft_tokens", "tokenizer", "draft_tokenizer", "tree") if key in kwargs}
     k = options.pop("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS)
     wrapper = SpeculativeModel(model, draft, num_draft_tokens=k, **options)
     return wrapper.generate(inputs, tokenizer=options.get("tokenizer"), num_draft_tokens=k, **kwargs)

@@ -19,13 +19,15 @@ from typing import Any
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from specdec.acceptance import greedy_accept, rejection_accept
 from specdec.arguments import GenerationSetup
 from specdec.committed import CommittedRows
 from specdec.draft_length import FixedDraftLength
 from specdec.drafters.base import Commit, DraftContext, Drafter, Rows
 from specdec.slots import cache_slots
 from specdec.stats import SpecStats
+from specdec.trees.plan import TreePlan
+from specdec.trees.tree import DraftTree
+from specdec.verification import verify_chain, verify_tree
 from specdec.verifiers.hf import CausalLMRunner
 from specdec.verifiers.session import CacheSession
 
@@ -44,32 +46,10 @@ def call_slots(setup: GenerationSetup, num_draft_tokens: int) -> int:
     return cache_slots(batch, prompt, setup.max_length, num_draft_tokens)
 
 
-def _process(setup: GenerationSetup, rows: Rows, drafts: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """Apply the logits processors at each verify position of each row, with the context that position sees."""
-    if not setup.processors:
-        return logits
-    out = torch.empty_like(logits)
-    for b, row in enumerate(rows):
-        ids = torch.cat([row, drafts[b]]).unsqueeze(0)
-        for j in range(logits.shape[1]):
-            out[b, j] = setup.processors(ids[:, : len(row) + j], logits[b : b + 1, j])[0]
-    return out
-
-
 def _choose(setup: GenerationSetup, scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     if setup.do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=generator).squeeze(-1)
     return scores.argmax(dim=-1)
-
-
-def _accept(setup: GenerationSetup, drafts: torch.Tensor, q: torch.Tensor | None, scores: torch.Tensor,
-            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    if not setup.do_sample:
-        return greedy_accept(drafts, scores)
-    p = torch.softmax(scores, dim=-1)
-    if q is None:  # deterministic drafter: one-hot q
-        q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
-    return rejection_accept(drafts, q, p, generator)
 
 
 def speculative_generate(
@@ -81,20 +61,26 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     output_scores: bool = False,
     output_logits: bool = False,
+    tree: TreePlan | None = None,
 ) -> EngineResult:
     """Generate with ``drafter`` proposing up to ``num_draft_tokens`` per verifier pass.
 
-    ``num_draft_tokens`` is an int or a draft-length policy (see :mod:`specdec.draft_length`).
+    ``num_draft_tokens`` is an int or a draft-length policy (see :mod:`specdec.draft_length`); with
+    ``tree`` the drafter proposes trees (:mod:`specdec.trees`) and ``num_draft_tokens`` only sizes caches.
     """
     start = time.perf_counter()
     policy = FixedDraftLength(num_draft_tokens) if isinstance(num_draft_tokens, int) else num_draft_tokens
     k_max = num_draft_tokens if isinstance(num_draft_tokens, int) else policy.max_k
-    stats = SpecStats(num_draft_tokens=k_max, batch_size=setup.input_ids.shape[0])
+    if tree is not None:
+        if not drafter.supports_tree:
+            raise ValueError(f"{type(drafter).__name__} cannot draft trees: use tree=None (chains) with this drafter")
+    stats = SpecStats(num_draft_tokens=k_max, batch_size=setup.input_ids.shape[0],
+                      tree=None if tree is None else tree.config.to_dict())
     out = CommittedRows(setup, streamer, output_scores, output_logits)
     if streamer is not None:
         streamer.put(setup.input_ids.cpu())
     drafter, layers = drafter.for_call(), drafter.hidden_layers  # per call: concurrent calls never share state
-    slots = call_slots(setup, k_max)
+    slots = call_slots(setup, k_max) + (0 if tree is None else tree.config.extra_slots)
     cache, prompt = verifier.prefill(setup.input_ids, setup.attention_mask, slots, hidden_layers=layers)
     try:
         drafter.start(setup.input_ids, setup.attention_mask, slots, verifier=cache, hidden=prompt.hidden)
@@ -108,26 +94,30 @@ def speculative_generate(
         while not out.done:
             rows = out.active_rows()
             room = setup.max_length - max(rows.length(b) for b in range(len(rows))) - 1
-            t0 = time.perf_counter()
-            proposal = drafter.propose(rows, policy.choose(room), ctx)
-            drafts = proposal.tokens
+            t0, forwards = time.perf_counter(), drafter.forwards
+            if tree is not None and room > 0:
+                proposal = drafter.propose_tree(rows, tree.shape(room), ctx)
+            else:
+                proposal = drafter.propose(rows, policy.choose(room), ctx)
             t1 = time.perf_counter()
-            last = torch.stack([row[-1] for row in rows]).unsqueeze(1)
             fed = cache.counts  # real tokens cached per row before this pass
-            step = cache.forward(torch.cat([last, drafts], dim=1), hidden_layers=layers)
-            logits = step.logits.float()
+            verify = verify_tree if isinstance(proposal, DraftTree) else verify_chain
+            v = verify(cache, rows, proposal, setup, layers, generator)
             t2 = time.perf_counter()
-            scores = _process(setup, rows, drafts, logits)
-            accepted, tokens = _accept(setup, drafts, proposal.probs, scores, generator)
-            added = out.add_block(tokens, (accepted + 1).tolist(), scores, logits)
+            added = out.add_block(v.tokens, (v.accepted + 1).tolist(), v.scores, v.logits)
             added_t = torch.tensor(added, dtype=torch.long, device=fed.device)
-            cache.keep(fed + added_t)  # the newest committed token stays unfed
-            policy.update(drafts.shape[1], int(accepted.min()), t1 - t0, t2 - t1)
-            stats.record_step(drafts.shape[1], accepted.tolist(), added, out.active)
-            drafter.commit(Commit(out.active_rows(), accepted, added_t, hidden=step.hidden))
+            v.keep(cache, fed, added_t)  # the newest committed token stays unfed
+            if isinstance(proposal, DraftTree):
+                tree.update(proposal, v.accepted, t1 - t0, drafter.forwards - forwards)
+            else:
+                policy.update(proposal.num_tokens, int(v.accepted.min()), t1 - t0, t2 - t1)
+            stats.record_step(_proposed(proposal), v.accepted.tolist(), added, out.active)
+            drafter.commit(Commit(out.active_rows(), v.accepted, added_t, hidden=v.hidden, path=v.path))
             _retire(out, cache, drafter)
     finally:
         stats.drafter_forwards, stats.drafter_stats = drafter.forwards, drafter.stats()
+        if tree is not None:
+            stats.tree = tree.to_dict()  # with what auto learnt
         drafter.finish()
         cache.release()
     if streamer is not None:
@@ -136,6 +126,15 @@ def speculative_generate(
     stats.new_tokens = (sequences.shape[1] - setup.input_ids.shape[1]) * sequences.shape[0]
     stats.total_time = time.perf_counter() - start
     return EngineResult(sequences, stats, out.per_step(out.scores), out.per_step(out.logits))
+
+
+def _proposed(proposal) -> list[tuple[int, int]]:
+    """Per row: (drafts scored, positions they span): a chain's ``k`` at ``k`` positions, a tree's nodes over its depth."""
+    if not isinstance(proposal, DraftTree):
+        return [(proposal.num_tokens, proposal.num_tokens)] * proposal.tokens.shape[0]
+    _, valid = proposal.host()
+    return [(sum(ok), max((d for d, v in zip(depth, ok) if v), default=0))
+            for depth, ok in zip(proposal.depths(), valid)]
 
 
 def _retire(out: CommittedRows, cache: CacheSession, drafter: Drafter) -> None:

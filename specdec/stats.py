@@ -36,13 +36,15 @@ class RowStats:
         """Draft tokens proposed per verifier pass this row took part in (the ``k`` actually used)."""
         return self.proposed / self.verifier_passes if self.verifier_passes else 0.0
 
-    def record(self, proposed: int, accepted: int, committed: int) -> None:
+    def record(self, proposed: int, accepted: int, committed: int, positions: int | None = None) -> None:
+        """One pass: ``proposed`` drafts (a tree's nodes) spanning ``positions`` depths (default: a chain's)."""
         self.verifier_passes += 1
         self.proposed += proposed
         self.accepted += accepted
         self.committed += committed
         self.accepted_lengths.append(accepted)
-        _count_positions(self.proposed_per_position, self.accepted_per_position, proposed, [accepted])
+        _count_positions(self.proposed_per_position, self.accepted_per_position,
+                         [proposed if positions is None else positions], [accepted])
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -51,13 +53,15 @@ class RowStats:
         return data
 
 
-def _count_positions(proposed_at: list[int], accepted_at: list[int], proposed: int, accepted: list[int]) -> None:
-    """Add one pass (``proposed`` drafts for each row, ``accepted[b]`` accepted by row b) to per-position counts."""
-    while len(proposed_at) < proposed:
+def _count_positions(proposed_at: list[int], accepted_at: list[int], positions: list[int], accepted: list[int]) -> None:
+    """Add one pass to per-position (per-depth) counts: row ``b`` drafted at positions ``0..positions[b]-1``
+    and had ``accepted[b]`` accepted."""
+    while len(proposed_at) < max(positions, default=0):
         proposed_at.append(0)
         accepted_at.append(0)
-    for i in range(proposed):
-        proposed_at[i] += len(accepted)
+    for span in positions:
+        for i in range(span):
+            proposed_at[i] += 1
     for n in accepted:
         for i in range(n):
             accepted_at[i] += 1
@@ -69,7 +73,8 @@ class SpecStats:
 
     Counts are batch totals, summed over rows; ``rows[b]`` has row ``b``'s own counts (rows in the
     order of the input batch). ``accepted_per_position[i]`` counts draft tokens accepted at draft
-    position ``i`` (0-based) out of ``proposed_per_position[i]`` proposed there.
+    position ``i`` (0-based; with trees: depth ``i + 1``) out of ``proposed_per_position[i]`` rows that
+    drafted there. With trees, ``proposed`` counts tree nodes and ``tree`` is the configuration used.
     """
 
     num_draft_tokens: int
@@ -86,6 +91,7 @@ class SpecStats:
     time_to_first_token: float = 0.0
     total_time: float = 0.0
     rows: list[RowStats] = field(default_factory=list)
+    tree: dict | None = None
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -114,6 +120,11 @@ class SpecStats:
         return self.proposed / passes if passes else 0.0
 
     @property
+    def mean_tree_tokens(self) -> float:
+        """Draft tokens the verifier scored per row per pass: a tree's nodes (a chain is a tree of ``k``)."""
+        return self.mean_draft_length
+
+    @property
     def time_per_output_token(self) -> float:
         """Seconds per generated token after the first (the decode phase)."""
         rest = self.new_tokens / max(self.batch_size, 1) - 1
@@ -123,22 +134,24 @@ class SpecStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_time if self.total_time else 0.0
 
-    def record_step(self, proposed: int, accepted_per_row: list[int], committed_per_row: list[int],
-                    row_ids: list[int] | None = None) -> None:
-        """Account one verification pass: ``proposed`` drafts for each row, what each row accepted and committed.
-
-        ``row_ids`` are the rows' indices in the input batch (default: 0, 1, ...).
+    def record_step(self, proposed: int | list[tuple[int, int]], accepted_per_row: list[int],
+                    committed_per_row: list[int], row_ids: list[int] | None = None) -> None:
+        """Account one verification pass: ``proposed`` drafts for each row (an int: a chain of that many;
+        a list: per row ``(drafts, positions spanned)``, e.g. a tree's nodes and depth), what each row
+        accepted and committed. ``row_ids`` are the rows' indices in the input batch (default: 0, 1, ...).
         """
         row_ids = list(range(len(accepted_per_row))) if row_ids is None else row_ids
+        per_row = [(proposed, proposed)] * len(accepted_per_row) if isinstance(proposed, int) else proposed
         self.verifier_forwards += 1
-        self.proposed += proposed * len(accepted_per_row)
+        self.proposed += sum(n for n, _ in per_row)
         self.accepted += sum(accepted_per_row)
         self.committed_per_step.extend(committed_per_row)
-        _count_positions(self.proposed_per_position, self.accepted_per_position, proposed, accepted_per_row)
+        _count_positions(self.proposed_per_position, self.accepted_per_position, [s for _, s in per_row],
+                         accepted_per_row)
         while len(self.rows) <= max(row_ids, default=-1):
             self.rows.append(RowStats())
-        for r, a, c in zip(row_ids, accepted_per_row, committed_per_row):
-            self.rows[r].record(proposed, a, c)
+        for r, a, c, (n, span) in zip(row_ids, accepted_per_row, committed_per_row, per_row):
+            self.rows[r].record(n, a, c, span)
 
     def to_dict(self) -> dict:
         """Plain-JSON view including the derived rates."""
@@ -150,6 +163,7 @@ class SpecStats:
             mean_accepted_length=self.mean_accepted_length,
             acceptance_by_position=self.acceptance_by_position,
             mean_draft_length=self.mean_draft_length,
+            mean_tree_tokens=self.mean_tree_tokens,
             time_per_output_token=self.time_per_output_token,
             tokens_per_second=self.tokens_per_second,
         )
@@ -160,6 +174,9 @@ class SpecStats:
         return [
             ("new tokens", str(self.new_tokens)),
             ("draft length k", str(self.num_draft_tokens)),
+            *([("tree", ", ".join(f"{k}={v}" for k, v in self.tree.items() if k in ("mode", "top_k", "depth",
+                                                                                      "total_tokens", "nodes")))]
+              if self.tree else []),
             ("mean draft length", f"{self.mean_draft_length:.2f} tokens / verifier pass"),
             ("acceptance rate", f"{self.acceptance_rate:.3f} ({self.accepted}/{self.proposed})"),
             ("mean accepted length", f"{self.mean_accepted_length:.2f} tokens / verifier pass"),

@@ -21,6 +21,8 @@ import torch
 from transformers import LogitsProcessorList
 
 if TYPE_CHECKING:
+    from specdec.trees.build import TreeShape
+    from specdec.trees.tree import DraftTree
     from specdec.verifiers.hf import CacheSession
 
 
@@ -123,6 +125,8 @@ class Drafter:
     hidden_layers: tuple[int, ...] = ()
     #: drafter forward passes in the current call (a statistic)
     forwards: int = 0
+    #: whether :meth:`propose_tree` drafts trees (heads, model drafters, prompt lookup, composite)
+    supports_tree: bool = False
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -156,6 +160,11 @@ class Drafter:
     def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
         """Return up to ``k`` draft tokens per row, as a ``[batch, k']`` tensor (``k' <= k``)."""
         raise NotImplementedError
+
+    def propose_tree(self, rows: Rows, shape: "TreeShape", ctx: DraftContext) -> "DraftTree":
+        """Return a tree of drafts per row (:class:`~specdec.trees.DraftTree`) shaped by ``shape``; its
+        nodes must be deterministic given the context (top-ranked tokens) unless the tree carries ``probs``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot draft trees")
 
     def commit(self, update: Commit) -> None:
         """Learn what the verifier committed (roll back past the first rejected draft)."""

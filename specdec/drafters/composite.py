@@ -7,7 +7,9 @@ import copy
 import torch
 
 from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
-from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.drafters.prompt_lookup import PromptLookupDrafter, continuations
+from specdec.trees.build import TreeShape
+from specdec.trees.tree import DraftTree, RowTree, pack
 from specdec.verifiers.session import CacheSession
 
 
@@ -27,7 +29,9 @@ class CompositeDrafter(Drafter):
         self.lookup = lookup or PromptLookupDrafter(min_ngram=2, max_ngram=4)
         self.min_match = min_match
         self.lookup_steps = self.model_steps = 0
+        self.lookup_nodes = 0
         self.hidden_layers = model_drafter.hidden_layers
+        self.supports_tree = model_drafter.supports_tree
 
     @property
     def forwards(self) -> int:
@@ -52,7 +56,7 @@ class CompositeDrafter(Drafter):
 
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
               verifier: CacheSession | None = None, hidden: torch.Tensor | None = None) -> None:
-        self.lookup_steps = self.model_steps = 0
+        self.lookup_steps = self.model_steps = self.lookup_nodes = 0
         self.lookup.start(input_ids, attention_mask, max_len)
         self.model_drafter.start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
 
@@ -64,11 +68,31 @@ class CompositeDrafter(Drafter):
         self.model_steps += 1
         return self.model_drafter.propose(rows, k, ctx)
 
+    def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
+        """The model drafter's tree with the lookup's continuations merged in as more branches of the root
+        (shared prefixes merge); the model's nodes keep their indices, so it commits its own part."""
+        tree = self.model_drafter.propose_tree(rows, shape, ctx)
+        lookup, merged = self.lookup, []
+        for b, (pad, row) in enumerate(zip(lookup._pads, rows)):
+            ids = row.tolist()[max(lookup._pads[b], rows.length(b) - lookup.window):]
+            branch = continuations(ids, shape.depth, lookup.min_ngram, lookup.max_ngram, 1)
+            own = RowTree.from_tree(tree, b)
+            size = len(own)
+            if branch and len(branch[0]) >= self.min_match:
+                own.add_path(branch[0], [0.0] * len(branch[0]))
+                self.lookup_nodes += len(own) - size
+            merged.append(own)
+        out = pack(merged, rows.device)
+        if ctx.vocab_size is not None:
+            out.tokens = out.tokens.clamp(max=ctx.vocab_size - 1)
+        return out
+
     def commit(self, update: Commit) -> None:
         self.model_drafter.commit(update)  # a no-op for it when the lookup proposed
 
     def stats(self) -> dict[str, float]:
-        return {"lookup_steps": self.lookup_steps, "model_steps": self.model_steps, **self.model_drafter.stats()}
+        return {"lookup_steps": self.lookup_steps, "model_steps": self.model_steps, "lookup_tree_nodes": self.lookup_nodes,
+                **self.model_drafter.stats()}
 
     def keep_rows(self, indices: torch.Tensor) -> None:
         self.lookup.keep_rows(indices)

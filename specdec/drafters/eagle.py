@@ -18,11 +18,15 @@ import torch
 from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
 from specdec.drafters.model import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
-from specdec.heads.modules import CachedKeyValues, EagleHead, HeadCache
+from specdec.heads.modules import CachedKeyValues, EagleHead, HeadCache, TreeKeyValues
+from specdec.trees.build import TreeShape, grow_tree
+from specdec.trees.tree import DraftTree
 
 
 class EagleDrafter(Drafter):
     """Draft with an EAGLE-1/2 or EAGLE-3 head (:func:`specdec.heads.load_head`) for ``verifier``."""
+
+    supports_tree = True
 
     def __init__(self, head: EagleHead, verifier: Any) -> None:
         self.head = head
@@ -108,12 +112,35 @@ class EagleDrafter(Drafter):
                     self._cache.lengths = self._cache.lengths + 1
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
+    def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
+        """A static or dynamic tree (EAGLE-2): each depth's frontier runs through the head in one pass, each
+        node attending to the committed slots and its own ancestors; the slots go at the next commit."""
+        with torch.no_grad():
+            out = self._feed_pending(rows)[:, -1]  # [B, H]: the output that predicts the first draft
+            self._committed = base = self._cache.lengths.clone()
+            outputs: list[torch.Tensor] = []  # per expansion: [B, F, H], in feed order
+
+            def expand(tokens, depth, parent_pos, visible):
+                fed = torch.cat([out.unsqueeze(1)] + outputs, dim=1)  # feed position p is at p + 1
+                feats = fed.gather(1, (parent_pos + 1)[..., None].expand(-1, -1, fed.shape[-1]))
+                embeds = self.head.embed(tokens)
+                hidden = self.head.input_hidden(embeds, feats.to(embeds.dtype), own=True)
+                kv = TreeKeyValues(self._cache, base, visible, depth)
+                self.forwards += 1
+                h = self.head(embeds, hidden, kv.positions, kv)
+                outputs.append(h)
+                return self._full_vocab(self.head.logits(h))
+
+            root = self._full_vocab(self.head.logits(out))
+            grown = grow_tree(root, expand, shape, rows, ctx, lambda logits, contexts: processed_scores(logits, contexts, ctx))
+        return grown.tree
+
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits spread over the verifier's vocabulary (-inf where the head cannot draft)."""
         if self._draft_ids is None:
             return logits
-        full = logits.new_full((logits.shape[0], self.head.config.vocab_size), float("-inf"))
-        full[:, self._draft_ids] = logits
+        full = logits.new_full(logits.shape[:-1] + (self.head.config.vocab_size,), float("-inf"))
+        full[..., self._draft_ids] = logits
         return full
 
     def commit(self, update: Commit) -> None:

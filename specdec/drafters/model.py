@@ -9,6 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
+from specdec.trees.build import TreeShape, grow_tree
+from specdec.trees.tree import DraftTree
 from specdec.verifiers.hf import CausalLMRunner, shares_kv_layout
 from specdec.verifiers.session import CacheSession
 
@@ -96,7 +98,13 @@ class ModelDrafter(Drafter):
     Its cache holds a prefix of each committed row (its *fed* tokens). After each verification the
     engine says how many drafts each row accepted; the fed prefix shrinks to what was committed, and
     the rest (the verifier's own token) is fed at the start of the next proposal.
+
+    Trees (:meth:`propose_tree`): each depth's frontier runs in one batched pass over the cache, every node
+    attending to the committed tokens and its own ancestors; at the commit the accepted path's fed nodes
+    are gathered into place (``keep_slots``) and the rest of the tree is dropped.
     """
+
+    supports_tree = True
 
     def __init__(
         self, model: PreTrainedModel, confidence_threshold: float | None = None, reuse_verifier_prompt: bool = False
@@ -115,6 +123,7 @@ class ModelDrafter(Drafter):
         self._pads: list[int] = []
         self._drafts_fed: int | None = None  # drafts fed at our last proposal, None once committed (or not ours)
         self._adopted = False
+        self._tree_fed: list[list[int]] | None = None  # per row: feed position of each tree node (-1: not fed)
 
     @property
     def model(self) -> PreTrainedModel:
@@ -186,7 +195,39 @@ class ModelDrafter(Drafter):
         self._fed = [rows.length(b) + fed for b in range(len(rows))]
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
+    def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
+        root = self._catch_up(rows)
+        before, written = self._session.counts.clone(), [0]
+
+        def expand(tokens, depth, parent_pos, visible):
+            self.forwards += 1
+            written[0] += tokens.shape[1]
+            positions = before.unsqueeze(1) + depth - 1
+            return self._session.forward(tokens, position_ids=positions, tree_mask=visible).logits
+
+        grown = grow_tree(root, expand, shape, rows, ctx, lambda logits, contexts: self._scores(logits, contexts, ctx))
+        self._fed = [rows.length(b) for b in range(len(rows))]
+        self._tree_fed, self._tree_block = (grown.fed.tolist(), written[0]) if written[0] else (None, 0)
+        self._drafts_fed = None
+        return grown.tree
+
+    def _commit_tree(self, update: Commit) -> None:
+        """Keep the accepted path's fed nodes (a prefix of the path, never the newest committed token)."""
+        fed, self._tree_fed, block = self._tree_fed, None, self._tree_block
+        keep = torch.zeros(len(fed), block, dtype=torch.bool, device="cpu")
+        path, accepted, added = update.path.tolist(), update.accepted.tolist(), update.added.tolist()
+        for b, row in enumerate(fed):
+            for node in path[b][: min(accepted[b], added[b] - 1)]:
+                pos = row[node] if node < len(row) else -1  # composite: lookup nodes were never fed
+                if pos < 0:
+                    break
+                keep[b, pos] = True
+            self._fed[b] += int(keep[b].sum())
+        self._session.keep_slots(keep)
+
     def commit(self, update: Commit) -> None:
+        if self._tree_fed is not None:
+            return self._commit_tree(update)
         if self._drafts_fed is None:  # another drafter proposed this step (composite): our fed prefix is still committed
             return
         accepted, added = update.accepted.tolist(), update.added.tolist()
@@ -208,4 +249,4 @@ class ModelDrafter(Drafter):
     def finish(self) -> None:
         if self._session is not None:
             self._session.release()
-        self._session, self._fed, self._drafts_fed = None, [], None
+        self._session, self._fed, self._drafts_fed, self._tree_fed = None, [], None, None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.base import DraftContext, Drafter, Proposal, Rows
+from specdec.trees.build import TreeShape
+from specdec.trees.tree import DraftTree, RowTree, pack
 
 
 def lookup(row: list[int], k: int, min_ngram: int, max_ngram: int) -> list[int]:
@@ -26,6 +28,34 @@ def lookup(row: list[int], k: int, min_ngram: int, max_ngram: int) -> list[int]:
     return []
 
 
+def continuations(row: list[int], depth: int, min_ngram: int, max_ngram: int, limit: int) -> list[list[int]]:
+    """Up to ``limit`` different continuations of the row's suffix n-grams, longest n-gram and latest
+    occurrence first, each up to ``depth`` tokens (the branches of a lookup tree)."""
+    length, found = len(row), []
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        suffix = row[length - n :]
+        for start in range(length - n - 1, -1, -1):
+            if row[start : start + n] == suffix:
+                follow = row[start + n : start + n + depth]
+                if follow and follow not in found:
+                    found.append(follow)
+                    if len(found) == limit:
+                        return found
+    return found
+
+
+def lookup_tree(branches: list[list[int]]) -> RowTree:
+    """The trie of ``branches``; a node's value is the share of branches through it (an n-gram estimate of
+    its chance to be accepted), the first branch's nodes first."""
+    tree, counts = RowTree(), []
+    for branch in branches:
+        for node in tree.add_path(branch):
+            counts.extend([0] * (node + 1 - len(counts)))
+            counts[node] += 1
+    tree.values = [c / len(branches) for c in counts]
+    return tree
+
+
 class PromptLookupDrafter(Drafter):
     """Drafts by n-gram lookup in each row's own context. Batch aware; deterministic (one-hot ``q``).
 
@@ -34,6 +64,8 @@ class PromptLookupDrafter(Drafter):
         max_draft: cap on drafted tokens per step (the loop's ``k`` also caps it).
         window: how many recent tokens to search (bounds the cost on long contexts).
     """
+
+    supports_tree = True
 
     def __init__(self, min_ngram: int = 1, max_ngram: int = 3, max_draft: int | None = None, window: int = 1024) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -64,6 +96,22 @@ class PromptLookupDrafter(Drafter):
         if ctx.vocab_size is not None:
             tokens = tokens.clamp(max=ctx.vocab_size - 1)
         return Proposal(tokens)
+
+    def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
+        """Several n-gram matches as branches (up to ``top_k`` of them, ``depth`` deep), merged into a trie;
+        the best ``total_tokens`` nodes by share of branches are kept."""
+        depth = shape.depth if self.max_draft is None else min(shape.depth, self.max_draft)
+        trees = []
+        for pad, row in zip(self._pads, rows):
+            ids = row.tolist()
+            context = ids[max(pad, len(ids) - self.window) :]
+            branches = continuations(context, depth, self.min_ngram, self.max_ngram, shape.config.top_k) if depth > 0 else []
+            tree = lookup_tree(branches)
+            trees.append(tree.best(shape.select(sorted(tree.values, reverse=True), 0)) if len(tree) else tree)
+        tree = pack(trees, rows.device)
+        if ctx.vocab_size is not None:
+            tree.tokens = tree.tokens.clamp(max=ctx.vocab_size - 1)
+        return tree
 
     def keep_rows(self, indices: torch.Tensor) -> None:
         self._pads = [self._pads[i] for i in indices.tolist()]

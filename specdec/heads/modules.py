@@ -211,3 +211,29 @@ class CachedKeyValues(KeyValues):
         keys[self.rows, self.positions] = k.to(keys.dtype)
         values[self.rows, self.positions] = v.to(values.dtype)
         return keys[:, : self.span], values[:, : self.span], self.mask
+
+
+class TreeKeyValues(KeyValues):
+    """Inference over a draft tree: ``n`` frontier nodes per row are written after the row's ``base`` committed
+    slots plus the ``fed`` tree nodes already written this proposal; node ``j`` attends to the committed
+    slots and to the tree slots ``visible [B, n, fed + n]`` marks (its ancestors and itself)."""
+
+    def __init__(self, cache: HeadCache, base: torch.Tensor, visible: torch.Tensor, depth: torch.Tensor) -> None:
+        self.cache = cache
+        device = base.device
+        batch, n, total = visible.shape
+        self.span = int(base.max()) + total
+        cache.grow(self.span)
+        self.positions = base.unsqueeze(1) + depth - 1  # rotary positions: committed length + depth - 1
+        self.slots = base.unsqueeze(1) + torch.arange(total - n, total, device=device)  # where this pass writes
+        self.rows = torch.arange(batch, device=device).unsqueeze(1).expand(-1, n)
+        rel = torch.arange(self.span, device=device).unsqueeze(0) - base.unsqueeze(1)  # [B, S]: tree slot index
+        in_tree = (rel >= 0) & (rel < total)
+        tree = visible.gather(2, rel.clamp(0, total - 1).unsqueeze(1).expand(-1, n, -1))
+        self.mask = (rel < 0).unsqueeze(1) | (tree & in_tree.unsqueeze(1))
+
+    def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        keys, values = self.cache.keys[layer], self.cache.values[layer]
+        keys[self.rows, self.slots] = k.to(keys.dtype)
+        values[self.rows, self.slots] = v.to(values.dtype)
+        return keys[:, : self.span], values[:, : self.span], self.mask

@@ -53,8 +53,9 @@ class CacheSession:
         """Append ``tokens [batch, n]`` (``valid`` marks real ones; default all) and run the model over them.
 
         ``position_ids [batch, n]``: explicit positions (default: each real token's count in its row).
-        ``tree_mask [batch, n, n]`` (bool): which new tokens each new token may attend to (a tree of drafts;
-        default causal); every query still sees the row's valid cached slots. ``hidden_layers``: indices
+        ``tree_mask [batch, n, t]`` (bool, ``t >= n``): which of the last ``t`` slots (this pass's tokens, after
+        ``t - n`` earlier tree nodes) each new token may attend to (a tree of drafts; default causal); every
+        query still sees the row's valid slots before those. ``hidden_layers``: indices
         into transformers' ``output_hidden_states`` to return, concatenated (see :class:`StepOutput`).
         """
         start, n = self.length, tokens.shape[1]
@@ -85,14 +86,18 @@ class CacheSession:
                                position_ids=position_ids, past_key_values=self.cache, use_cache=True, **extra)
 
     def _tree_mask(self, tree_mask: torch.Tensor, seen: torch.Tensor, start: int) -> torch.Tensor:
-        """The additive 4-D mask ``[batch, 1, n, start + n]``: cached valid slots, then the tree among the new tokens."""
+        """The additive 4-D mask ``[batch, 1, n, start + n]``: cached valid slots, then ``tree_mask`` over the
+        last ``t`` slots (``t >= n``: earlier nodes of the same tree, written by previous forwards, and the new ones)."""
         self.runner.check_tree_masks()
         batch, n = seen.shape[0], seen.shape[1] - start
-        if tree_mask.shape != (batch, n, n) or tree_mask.dtype != torch.bool:
-            raise ValueError(f"tree_mask must be a bool tensor of shape {(batch, n, n)}, got "
-                             f"{tree_mask.dtype} {tuple(tree_mask.shape)}")
-        past = seen[:, None, :start].expand(batch, n, start)
-        allowed = torch.cat([past, tree_mask & seen[:, None, start:]], dim=-1)
+        t = tree_mask.shape[-1] if tree_mask.dim() == 3 else -1
+        if tree_mask.dim() != 3 or tree_mask.shape[:2] != (batch, n) or not n <= t <= seen.shape[1] \
+                or tree_mask.dtype != torch.bool:
+            raise ValueError(f"tree_mask must be a bool tensor of shape ({batch}, {n}, t) with {n} <= t <= "
+                             f"{seen.shape[1]}, got {tree_mask.dtype} {tuple(tree_mask.shape)}")
+        edge = seen.shape[1] - t
+        past = seen[:, None, :edge].expand(batch, n, edge)
+        allowed = torch.cat([past, tree_mask & seen[:, None, edge:]], dim=-1)
         dtype = self.runner.model.dtype
         zero = torch.zeros((), dtype=dtype, device=seen.device)
         blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=seen.device)

@@ -1,0 +1,216 @@
+"""Growing a draft tree from any drafter that scores a frontier of nodes in one pass (heads, model drafters).
+
+The drafter supplies the root's logits and an ``expand`` callback; this module decides which nodes to
+feed and which to keep: static trees (paths of top-k ranks) or dynamic ones (EAGLE-2: expand the
+``top_k`` best frontier nodes by cumulative draft log-probability, keep the best ``total_tokens``).
+Nodes fed to the drafter get *feed positions* ``0, 1, ...`` in feed order; ``expand`` receives, per new
+node, which feed positions it may attend to (its fed ancestors and itself), so the drafter can write
+them to its cache after its committed slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from specdec.drafters.base import DraftContext, Rows
+from specdec.trees.config import TreeConfig
+from specdec.trees.tree import DraftTree
+
+
+class Expander(Protocol):
+    def __call__(self, tokens: torch.Tensor, depth: torch.Tensor, parent_pos: torch.Tensor,
+                 visible: torch.Tensor) -> torch.Tensor:
+        """Feed frontier nodes ``tokens [B, F]`` at ``depth [B, F]`` (1: a child of the root) whose parents
+        were fed at ``parent_pos [B, F]`` (-1: the root); ``visible [B, F, T]`` marks the feed positions
+        each may attend to (the last ``F`` are these nodes). Returns their logits ``[B, F, V]`` over the
+        verifier's vocabulary."""
+
+
+@dataclass
+class TreeShape:
+    """One pass's tree request: the configuration, the depth the call still has room for, and (``auto``)
+    the sizer that picks depth and size from measured costs."""
+
+    config: TreeConfig
+    room: int
+    sizer: "object | None" = None  # specdec.trees.sizing.TreeSizer
+
+    @property
+    def depth(self) -> int:
+        return min(self.config.max_depth, self.room)
+
+    def keep_expanding(self, depth_done: int, values: list[float], frontier: list[float], passes: int) -> bool:
+        """Whether to run one more depth step (``values``: candidate values so far, ``frontier``: the nodes
+        that would be fed; all probabilities)."""
+        if depth_done >= self.depth:
+            return False
+        return self.sizer is None or self.sizer.worth_expanding(values, frontier, passes)
+
+    def select(self, values: list[float], passes: int) -> int:
+        """How many of the candidates (``values`` sorted best first) to verify."""
+        if self.sizer is None:
+            return min(self.config.total_tokens, len(values))
+        return self.sizer.select(values, passes)
+
+
+@dataclass
+class GrownTree:
+    """The tree and, per kept node, the feed position it got in the drafter's cache (-1: not fed)."""
+
+    tree: DraftTree
+    fed: torch.LongTensor  # [B, N]
+    passes: int = 0  # drafter passes spent (frontier expansions)
+    candidates: list = field(default_factory=list)
+
+
+class _Candidates:
+    """Candidate nodes of a batch of trees, all rows the same count (tensors [B, C])."""
+
+    def __init__(self, batch: int, slots: int, device: torch.device) -> None:
+        self.device = device
+        self.tok = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        self.par = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        self.val = torch.zeros(batch, 0, dtype=torch.float32, device=device)
+        self.depth = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        self.fed = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        self.vis = torch.zeros(batch, 0, slots, dtype=torch.bool, device=device)
+        self.fed_count = 0
+        self.passes = 0
+
+    def add(self, tok: torch.Tensor, par: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
+        """Append children ``[B, M]`` of candidates ``par`` (-1: root); returns their candidate ids ``[B, M]``."""
+        batch, m = tok.shape
+        start = self.tok.shape[1]
+        root = par < 0
+        safe = par.clamp_min(0)
+        depth = torch.where(root, 1, self.depth.gather(1, safe) + 1) if start else torch.ones_like(par)
+        vis = self.vis.gather(1, safe[..., None].expand(-1, -1, self.vis.shape[2])) if start else \
+            torch.zeros(batch, m, self.vis.shape[2], dtype=torch.bool, device=self.device)
+        vis = vis & ~root[..., None]
+        self.tok, self.par = torch.cat([self.tok, tok], 1), torch.cat([self.par, par], 1)
+        self.val, self.depth = torch.cat([self.val, val.float()], 1), torch.cat([self.depth, depth], 1)
+        self.fed = torch.cat([self.fed, torch.full_like(tok, -1)], 1)
+        self.vis = torch.cat([self.vis, vis], 1)
+        return torch.arange(start, start + m, device=self.device).expand(batch, m)
+
+    def feed(self, nodes: torch.Tensor, expand: Expander) -> torch.Tensor:
+        """Run ``expand`` on candidates ``nodes [B, F]``; returns their logits ``[B, F, V]``."""
+        batch, f = nodes.shape
+        pos = torch.arange(self.fed_count, self.fed_count + f, device=self.device).expand(batch, f)
+        self.fed.scatter_(1, nodes, pos)
+        rows = torch.arange(batch, device=self.device)[:, None]
+        self.vis[rows, nodes, pos] = True
+        self.fed_count += f
+        self.passes += 1
+        parent = self.par.gather(1, nodes)
+        parent_pos = torch.where(parent < 0, -1, self.fed.gather(1, parent.clamp_min(0)))
+        visible = self.vis[rows, nodes][:, :, : self.fed_count]
+        return expand(self.tok.gather(1, nodes), self.depth.gather(1, nodes), parent_pos, visible)
+
+    def tree(self, chosen: torch.Tensor) -> GrownTree:
+        """The tree of candidates ``chosen [B, N]`` (ancestor-closed; any order)."""
+        chosen = chosen.sort(dim=1).values  # creation order is topological
+        batch, n = chosen.shape
+        new_index = torch.full((batch, self.tok.shape[1] + 1), -1, dtype=torch.long, device=self.device)
+        new_index.scatter_(1, chosen + 1, torch.arange(n, device=self.device).expand(batch, n))
+        parents = new_index.gather(1, self.par.gather(1, chosen) + 1)
+        tree = DraftTree(self.tok.gather(1, chosen), None, parents=parents, values=self.val.gather(1, chosen).exp())
+        return GrownTree(tree, self.fed.gather(1, chosen), self.passes)
+
+
+def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, rows: Rows, ctx: DraftContext,
+              score: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]) -> GrownTree:
+    """Grow one tree per row from ``root_logits [B, V]`` (static or dynamic per ``shape``).
+
+    ``score(logits [M, V], contexts)`` turns draft logits into the scores children are ranked by (the
+    call's processors applied with each node's context); children are the top-ranked tokens, so the
+    tree is deterministic given the context and sampling stays exact with one-hot ``q``.
+    """
+    batch, device = root_logits.shape[0], root_logits.device
+    config = shape.config
+    slots = _feed_slots(config)
+    cands = _Candidates(batch, slots, device)
+
+    def logprobs(logits: torch.Tensor, nodes: torch.Tensor | None) -> torch.Tensor:
+        flat = logits.reshape(-1, logits.shape[-1])
+        contexts = _contexts(rows, cands, nodes) if ctx.processors else [None] * flat.shape[0]
+        return torch.log_softmax(score(flat, contexts), dim=-1).view(*logits.shape[:-1], -1)
+
+    root = logprobs(root_logits.unsqueeze(1), None)[:, 0]
+    if config.mode == "static":
+        return _static(root, cands, expand, shape, logprobs)
+    k = config.top_k
+    v, t = root.topk(k, dim=-1)
+    frontier = cands.add(t, torch.full_like(t, -1), v)
+    depth = 1
+    while shape.keep_expanding(depth, _sorted(cands.val), _probs(cands.val.gather(1, frontier)), cands.passes):
+        lp = logprobs(cands.feed(frontier, expand), frontier)  # [B, F, V]
+        v, t = lp.topk(k, dim=-1)
+        cum = cands.val.gather(1, frontier).unsqueeze(-1) + v
+        ids = cands.add(t.flatten(1), frontier.unsqueeze(-1).expand(-1, -1, k).flatten(1), cum.flatten(1))
+        best = cands.val.gather(1, ids).topk(min(k, ids.shape[1]), dim=-1).indices
+        frontier = ids.gather(1, best)
+        depth += 1
+    finite = int(torch.isfinite(cands.val).sum(dim=1).min())
+    n = max(1, min(shape.select(_sorted(cands.val), cands.passes), finite)) if finite else 1
+    order = cands.val.sort(dim=1, descending=True, stable=True).indices  # ties: parents (earlier) first
+    return cands.tree(order[:, :n])
+
+
+def _static(root: torch.Tensor, cands: _Candidates, expand: Expander, shape: TreeShape,
+            logprobs: Callable) -> GrownTree:
+    """Static tree: nodes at depth ``d`` are the ranked children of their depth ``d - 1`` parents, one pass a depth."""
+    batch, device = root.shape[0], root.device
+    choices = sorted((c for c in shape.config.choices if len(c) <= shape.depth), key=lambda c: (len(c), c))
+    ids: dict[tuple[int, ...], int] = {}
+    parent_lp = {(): root}
+    for d in range(1, max((len(c) for c in choices), default=0) + 1):
+        level = [c for c in choices if len(c) == d]
+        if d > 1:  # feed this depth's parents in one pass
+            parents = sorted({c[:-1] for c in level})
+            nodes = torch.tensor([ids[p] for p in parents], dtype=torch.long, device=device).expand(batch, -1)
+            lp = logprobs(cands.feed(nodes, expand), nodes)
+            parent_lp = {p: lp[:, j] for j, p in enumerate(parents)}
+        for path in level:
+            lp = parent_lp[path[:-1]]
+            v, t = lp.topk(path[-1] + 1, dim=-1)
+            base = cands.val[:, ids[path[:-1]]] if d > 1 else torch.zeros(batch, device=device)
+            par = torch.full((batch, 1), ids[path[:-1]] if d > 1 else -1, dtype=torch.long, device=device)
+            ids[path] = int(cands.add(t[:, -1:], par, (base + v[:, -1]).unsqueeze(1))[0, 0])
+    chosen = torch.arange(cands.tok.shape[1], device=device).expand(batch, -1)
+    return cands.tree(chosen)
+
+
+def _feed_slots(config: TreeConfig) -> int:
+    """The most nodes one tree can feed to the drafter."""
+    if config.mode == "static":
+        return len({c[:-1] for c in config.choices if len(c) > 1})
+    return config.top_k * max(config.depth - 1, 0)
+
+
+def _sorted(values: torch.Tensor) -> list[float]:
+    """Candidate values (log-probabilities ``[B, C]``) as probabilities, best first, averaged over rows."""
+    return _probs(values.sort(dim=1, descending=True).values)
+
+
+def _probs(values: torch.Tensor) -> list[float]:
+    return values.exp().mean(dim=0).tolist()
+
+
+def _contexts(rows: Rows, cands: _Candidates, nodes: torch.Tensor | None) -> list[torch.Tensor]:
+    """Each node's context for the logits processors: its row, then the tokens on its path."""
+    if nodes is None:
+        return list(rows)
+    par, tok = cands.par.tolist(), cands.tok.tolist()
+    out = []
+    for b, row in enumerate(rows):
+        for node in nodes[b].tolist():
+            path = []
+            while node >= 0:
+                path.append(tok[b][node])
+                node = par[b][node]
+            out.append(torch.cat([row, torch.tensor(path[::-1], dtype=torch.long, device=row.device)]))
+    return out

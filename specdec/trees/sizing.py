@@ -1,0 +1,134 @@
+"""``tree="auto"``: size each pass's tree from what a pass costs on this device and what drafts are worth.
+
+:func:`measure_verify_cost` times the verifier over passes of 1..64 tokens (through the same tree-mask path a
+tree pass takes). :class:`TreeSizer` then chooses, per pass, how deep to grow and how many candidates to
+verify: with candidates sorted by value ``v_1 >= v_2 >= ...`` (a node's cumulative draft probability, the
+drafter's own estimate that it is accepted), ``n`` nodes are expected to commit ``1 + a * (v_1 + ... + v_n)``
+tokens at a cost ``C(n + 1) + passes * t_draft``, and the sizer takes the ``n`` with the most tokens per second.
+``a`` calibrates the drafter's confidence against what the verifier actually accepted (an EMA of the ratio).
+On this CPU ``C`` grows steeply with ``n``, so trees stay small; on a GPU it is nearly flat, so they grow.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class VerifyCost:
+    """Seconds of one verifier pass against the tokens in it (``sizes`` ascending, ``seconds`` per size)."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+    context: int = 0
+    device: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.seconds) or not self.sizes or list(self.sizes) != sorted(set(self.sizes)):
+            raise ValueError("a verify cost needs ascending, distinct sizes and one time per size")
+        if min(self.seconds) <= 0:
+            raise ValueError("verify costs must be positive seconds")
+
+    def __call__(self, tokens: int) -> float:
+        """Interpolated (linearly extrapolated past the last size) seconds of a pass over ``tokens``."""
+        s, t = self.sizes, self.seconds
+        if len(s) == 1:
+            return t[0] * tokens / s[0]
+        i = min(max(bisect.bisect_left(s, tokens), 1), len(s) - 1)
+        slope = (t[i] - t[i - 1]) / (s[i] - s[i - 1])
+        return max(t[0], t[i - 1] + slope * (tokens - s[i - 1]))
+
+    def to_dict(self) -> dict:
+        return {"sizes": list(self.sizes), "seconds": list(self.seconds), "context": self.context, "device": self.device}
+
+
+@torch.inference_mode()
+def measure_verify_cost(runner, sizes: tuple[int, ...] = SIZES, context: int = 256, repeats: int = 3) -> VerifyCost:
+    """Time ``runner``'s model over a pass of each size after a ``context``-token prompt (median of ``repeats``)."""
+    model = runner.model
+    device = model.device
+    vocab = int(model.get_output_embeddings().weight.shape[0]) if hasattr(model.get_output_embeddings(), "weight") \
+        else int(model.config.vocab_size)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, context), generator=gen, device="cpu").to(device)
+    session, _ = runner.prefill(prompt, None, context + max(sizes) + 1)
+    seconds = []
+    try:
+        for n in sizes:
+            tokens = torch.randint(0, vocab, (1, n), generator=gen, device="cpu").to(device)
+            chain = torch.tril(torch.ones(n, n, dtype=torch.bool, device=device)).unsqueeze(0)
+            positions = (context + torch.arange(n, device=device)).unsqueeze(0)
+            times = []
+            for _ in range(repeats + 1):  # the first is a warm-up
+                _sync(device)
+                t0 = time.perf_counter()
+                session.forward(tokens, position_ids=positions, tree_mask=chain)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+                session.rollback(context)
+            seconds.append(statistics.median(times[1:]))
+    finally:
+        session.release()
+    return VerifyCost(tuple(sizes), tuple(seconds), context, str(device))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class TreeSizer:
+    """Per-pass tree size and depth for ``tree="auto"`` (module docstring).
+
+    ``draft_step``: seconds of one drafter pass; ``None`` learns it from the clock (an EMA of what the
+    engine measures), a number fixes it (seeded calls: their tree sizes, and so their samples, must not
+    depend on timing). ``max_tokens`` bounds the tree.
+    """
+
+    def __init__(self, cost: VerifyCost, draft_step: float | None = None, max_tokens: int = 64) -> None:
+        self.cost = cost
+        self.timed = draft_step is None
+        self.draft_step = draft_step if draft_step is not None else 0.05 * cost(1)
+        self.max_tokens = max_tokens
+        self.calibration = 1.0
+        self._predicted = self._accepted = 0.0
+
+    def _rate(self, values: list[float], n: int, passes: int) -> float:
+        return (1 + self.calibration * sum(values[:n])) / (self.cost(n + 1) + passes * self.draft_step)
+
+    def select(self, values: list[float], passes: int) -> int:
+        """The number of candidates (``values`` best first) with the most expected tokens per second."""
+        best, best_rate, total = 0, 1 / (self.cost(1) + passes * self.draft_step), 0.0
+        for n, v in enumerate(values[: self.max_tokens], start=1):
+            total += v
+            rate = (1 + self.calibration * total) / (self.cost(n + 1) + passes * self.draft_step)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return max(best, 1)
+
+    def worth_expanding(self, values: list[float], frontier: list[float], passes: int) -> bool:
+        """Whether one more drafter pass can pay for itself: the frontier's children are worth at most the
+        frontier's value, against the time of a pass at the best rate reachable now."""
+        n = self.select(values, passes)
+        tokens = 1 + self.calibration * sum(values[:n])
+        seconds = self.cost(n + 1) + passes * self.draft_step
+        gain = self.calibration * sum(frontier)
+        return (tokens + gain) / (seconds + self.draft_step) > tokens / seconds
+
+    def update(self, predicted: float, accepted: float, draft_seconds: float | None = None,
+               draft_passes: int = 0, decay: float = 0.9) -> None:
+        """Learn from one pass: the summed values of the verified nodes, the drafts accepted, and (timed)
+        the drafter's time over its passes."""
+        self._predicted = decay * self._predicted + predicted
+        self._accepted = decay * self._accepted + accepted
+        if self._predicted > 0:
+            self.calibration = min(2.0, max(0.05, self._accepted / self._predicted))
+        if self.timed and draft_seconds is not None and draft_passes > 0:
+            self.draft_step = 0.8 * self.draft_step + 0.2 * draft_seconds / draft_passes

@@ -1,0 +1,110 @@
+"""One verifier pass over a proposal (a chain or a tree of drafts) and what it decides to keep.
+
+Both paths return a :class:`Verified`: per row the accepted drafts, the tokens to commit, the scores,
+logits and hidden states at the committed positions (in commit order), and, for trees, the accepted path.
+:meth:`Verified.keep` then drops everything else from the verifier's cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec.acceptance import greedy_accept, rejection_accept
+from specdec.arguments import GenerationSetup
+from specdec.drafters.base import Proposal, Rows
+from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
+from specdec.trees.tree import DraftTree
+from specdec.verifiers.session import CacheSession
+
+
+@dataclass
+class Verified:
+    """What one verify pass decided. ``tokens [B, D + 1]``: row ``b`` commits ``tokens[b, :accepted[b] + 1]``;
+    ``scores`` / ``logits`` / ``hidden`` ``[B, D + 1, ...]`` are at those positions (the newest committed
+    token's, then each accepted draft's); ``path [B, D]``: tree node of each accepted draft (trees only)."""
+
+    accepted: torch.LongTensor
+    tokens: torch.LongTensor
+    scores: torch.Tensor
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+    path: torch.LongTensor | None = None
+    block: int = 0  # trees: tokens in the verify pass (root + nodes)
+
+    def keep(self, cache: CacheSession, fed: torch.Tensor, added: torch.Tensor) -> None:
+        """Keep each row's newest committed token and its first ``added - 1`` accepted drafts in ``cache``
+        (``fed``: real tokens cached before the pass); the newest committed token stays unfed."""
+        if self.path is None:
+            return cache.keep(fed + added)
+        batch, depth = self.path.shape
+        keep = torch.zeros(batch, self.block, dtype=torch.bool, device=self.path.device)
+        keep[:, 0] = True
+        take = torch.arange(depth, device=self.path.device).unsqueeze(0) < (added - 1).unsqueeze(1)
+        rows = torch.arange(batch, device=self.path.device).unsqueeze(1).expand(-1, depth)
+        keep[rows[take], (self.path + 1)[take]] = True
+        cache.keep_slots(keep)
+
+
+def _process(setup: GenerationSetup, contexts: list[list[torch.Tensor]], logits: torch.Tensor) -> torch.Tensor:
+    """Apply the logits processors at each verify position, with the context that position sees
+    (``contexts[b][j]``: row ``b``'s tokens up to and including position ``j``'s token)."""
+    if not setup.processors:
+        return logits
+    out = torch.empty_like(logits)
+    for b, row in enumerate(contexts):
+        for j, ids in enumerate(row):
+            out[b, j] = setup.processors(ids.unsqueeze(0), logits[b : b + 1, j])[0]
+    return out
+
+
+def verify_chain(cache: CacheSession, rows: Rows, proposal: Proposal, setup: GenerationSetup,
+                 layers: tuple[int, ...], generator: torch.Generator | None) -> Verified:
+    """Score ``[last, d_1 .. d_k]`` per row in one pass; greedy or rejection-sampling acceptance."""
+    drafts = proposal.tokens
+    last = torch.stack([row[-1] for row in rows]).unsqueeze(1)
+    step = cache.forward(torch.cat([last, drafts], dim=1), hidden_layers=layers)
+    logits = step.logits.float()
+    contexts = [[torch.cat([row, drafts[b, :j]]) for j in range(drafts.shape[1] + 1)] for b, row in enumerate(rows)] \
+        if setup.processors else []
+    scores = _process(setup, contexts, logits)
+    if not setup.do_sample:
+        accepted, tokens = greedy_accept(drafts, scores)
+    else:
+        p = torch.softmax(scores, dim=-1)
+        q = proposal.probs
+        if q is None:  # deterministic drafter: one-hot q
+            q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
+        accepted, tokens = rejection_accept(drafts, q, p, generator)
+    return Verified(accepted, tokens, scores, logits, step.hidden)
+
+
+def verify_tree(cache: CacheSession, rows: Rows, tree: DraftTree, setup: GenerationSetup,
+                layers: tuple[int, ...], generator: torch.Generator | None) -> Verified:
+    """Score ``[last, node_1 .. node_N]`` per row in one pass: each node sees the cache, the root, its
+    ancestors and itself, at position committed + depth; then walk the tree (greedy or multi-draft sampling)."""
+    device = tree.tokens.device
+    last = torch.stack([row[-1] for row in rows]).unsqueeze(1)
+    depth, mask, valid = tree.verify_inputs(device)
+    positions = cache.counts.unsqueeze(1) + depth
+    step = cache.forward(torch.cat([last, tree.tokens], dim=1), valid, position_ids=positions, tree_mask=mask,
+                         hidden_layers=layers)
+    logits = step.logits.float()
+    scores = _process(setup, _tree_contexts(rows, tree), logits) if setup.processors else logits
+    if setup.do_sample:
+        accepted, tokens, path = tree_rejection_accept(tree, torch.softmax(scores, dim=-1), generator)
+    else:
+        accepted, tokens, path = greedy_tree_accept(tree, scores)
+    index = torch.cat([torch.zeros(path.shape[0], 1, dtype=torch.long, device=path.device), path + 1], dim=1).clamp_min(0)  # committed positions
+    pick = lambda t: None if t is None else t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))  # noqa: E731
+    return Verified(accepted, tokens, pick(scores), pick(logits), pick(step.hidden), path, tree.tokens.shape[1] + 1)
+
+
+def _tree_contexts(rows: Rows, tree: DraftTree) -> list[list[torch.Tensor]]:
+    """Per row, per verify position (root, then each node): the row and the tokens on the node's path."""
+    out = []
+    for b, row in enumerate(rows):
+        tokens = tree.tokens[b]
+        out.append([row] + [torch.cat([row, tokens[path]]) for path in tree.paths(b)])
+    return out
