@@ -108,7 +108,7 @@ class SpeculativeModel:
         if self.tree is not None and not self.drafter.supports_tree:
             raise ValueError(f"tree={tree!r}: {type(self.drafter).__name__} cannot draft trees (heads, model drafters, "
                              "prompt lookup and composite can)")
-        if self.tree is not None and self.tree.mode != "static":
+        if self.tree is not None:
             self.verifier.check_tree_masks()  # a model that would ignore the tree mask is refused now, not mid-call
         self.tree_cost = tree_cost
         self._sizer: TreeSizer | None = None  # auto, unseeded calls: what it learnt carries over between calls

@@ -25,6 +25,9 @@ def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None
                    help="drafter: self:SCHEME (e.g. self:int8), prompt-lookup, composite[:SCHEME], layer-skip:N, "
                         "or a local model path")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")
+    p.add_argument("--tree", choices=("none", "static", "dynamic", "auto"), default="none",
+                   help="verify a tree of drafts per pass: static, dynamic (EAGLE-2), or auto (sized from the verifier's "
+                        "measured cost per pass); none: chains")
     p.add_argument("--compile-drafter", action="store_true",
                    help="run the drafter through torch.compile (faster steps; the first calls compile for about a minute)")
     p.add_argument("--max-new-tokens", type=int, default=default_new_tokens)
@@ -46,7 +49,7 @@ def _load(args: argparse.Namespace):
     k = args.num_draft_tokens or specdec.DEFAULT_NUM_DRAFT_TOKENS
     _log(f"building drafter {args.draft} (k={k}) ...")
     spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer, adaptive=args.adaptive,
-                                    compile_drafter=args.compile_drafter)
+                                    compile_drafter=args.compile_drafter, tree=args.tree)
     if args.compile_drafter:
         _log("compiling the drafter (about a minute; cached on disk for later runs) ...")
         spec.drafter.prime()
@@ -60,6 +63,8 @@ def _check_lengths(args: argparse.Namespace) -> None:
         raise SystemExit("error: --max-new-tokens must be >= 1")
     if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         raise SystemExit("error: --num-draft-tokens must be >= 1")
+    if args.tree != "none" and args.adaptive:
+        raise SystemExit("error: --adaptive sizes chains; with --tree use --tree auto")
     _check_model_and_draft(args.model, args.draft)
 
 

@@ -14,7 +14,7 @@ from specdec.cli import drafter_summary, main
 from test_quant_grid import grid_snapped_llama, tiny_llama
 
 SUMMARY_KEYS = {"prompts", "identical", "speedup", "acceptance_rate", "mean_accepted_length", "plain_tokens_per_s",
-                "spec_tokens_per_s", "new_tokens", "num_draft_tokens", "draft", "per_prompt"}
+                "spec_tokens_per_s", "new_tokens", "num_draft_tokens", "draft", "per_prompt", "tree", "mean_tree_tokens"}
 DRAFT_KEYS = {"draft_description", "draft_note", "draft_weight_error", "draft_head_weight_error", "draft_grid_bound"}
 
 
@@ -76,6 +76,24 @@ def test_demo_json_for_a_grid_free_drafter(snapped_dir, capsys):
     assert data["draft"] == "prompt-lookup"
     assert data["draft_grid_bound"] is None and data["draft_weight_error"] is None
     assert data["draft_description"].startswith("prompt-lookup: copies n-grams")
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic", "auto"])
+def test_demo_with_a_tree(plain_dir, capsys, tree):
+    data = json.loads(_demo(plain_dir, capsys, "--json", "--draft", "self:int8", "--tree", tree).strip().splitlines()[-1])
+    assert data["tree"]["mode"] == tree and data["identical"] == data["prompts"] == 1
+    assert data["mean_tree_tokens"] > 0
+
+
+def test_generate_json_with_a_tree_and_bad_tree_flags(plain_dir, capsys):
+    argv = ["generate", "--model", plain_dir, "--prompt", "w1 w2 w3", "--max-new-tokens", "5", "--json"]
+    assert main(argv + ["--draft", "prompt-lookup", "--tree", "dynamic"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["outputs"][0]
+    assert out["tree"]["mode"] == "dynamic" and "mean_tree_tokens" in out
+    with pytest.raises(SystemExit, match="--adaptive sizes chains"):
+        main(argv + ["--tree", "auto", "--adaptive"])
+    with pytest.raises(SystemExit):
+        main(argv + ["--tree", "bushy"])
 
 
 @pytest.mark.parametrize(

@@ -538,3 +538,21 @@ def test_real_model_smoke(smollm2, tmp_path):
     assert summary["config"]["chat_template"] is True
     for m in summary["methods"][1:]:
         assert m["identical"] == 1 and m["mean_accepted_length"] >= 1
+
+
+def test_eval_tree_methods_report_tree_and_tree_tokens(tiny_dirs, tmp_path, capsys):
+    """``--tree none dynamic`` runs each specdec method as a chain and as a tree in the same run."""
+    model_dir, draft_dir, data = tiny_dirs
+    argv = ["--model", str(model_dir), "--draft", str(draft_dir), "-k", "3", "--tree", "none", "dynamic",
+            "--dataset", str(data), "--max-new-tokens", "8", "--baselines", "hf", "--out", str(tmp_path),
+            "--no-progress", "--json"]
+    assert eval_main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    by_name = {m["name"]: m for m in summary["methods"]}
+    chain, tree = by_name[f"specdec[{draft_dir},k=3]"], by_name[f"specdec[{draft_dir},k=3,tree=dynamic]"]
+    assert chain["tree"] is None and chain["mean_tree_tokens"] == pytest.approx(chain["mean_draft_length"])
+    assert tree["tree"]["mode"] == "dynamic" and tree["mean_tree_tokens"] > chain["mean_tree_tokens"]
+    assert tree["identical"] == summary["prompts"] and summary["config"]["tree"] == ["none", "dynamic"]
+    assert MethodSpec.parse(tree["name"]).tree == "dynamic"
+    with pytest.raises(SystemExit):
+        eval_main(argv[:6] + ["--tree", "bushy"])

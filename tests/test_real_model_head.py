@@ -50,6 +50,27 @@ def test_ragged_batch_of_three_with_the_shipped_head(smollm2, spec):
     assert torch.equal(spec.generate(ids, attention_mask=mask, **kwargs), model.generate(ids, attention_mask=mask, **kwargs))
 
 
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_trees_with_the_shipped_head_are_exact_and_accept_more(smollm2, spec, tree):
+    """Greedy identity with tree drafts at batch 1 (2 prompts) and a ragged batch of 3; trees commit more
+    tokens per pass than the chain of the same head."""
+    model, tokenizer = smollm2
+    trees = specdec.SpeculativeModel(model, "eagle", tokenizer=tokenizer, tree=tree)
+    kwargs = dict(max_new_tokens=40, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    chain_len = tree_len = 0.0
+    for item in BUILTIN_PROMPTS[:2]:
+        ids = encode_prompt(tokenizer, item["prompt"])
+        ref = model.generate(ids, **kwargs)
+        assert torch.equal(trees.generate(ids, **kwargs), ref)
+        assert torch.equal(spec.generate(ids, **kwargs), ref)
+        chain_len += spec.last_stats.mean_accepted_length
+        tree_len += trees.last_stats.mean_accepted_length
+    assert tree_len > chain_len
+    ids, mask = encode_batch(tokenizer, [item["prompt"] for item in BUILTIN_PROMPTS[:3]])
+    kwargs["max_new_tokens"] = 24
+    assert torch.equal(trees.generate(ids, attention_mask=mask, **kwargs), model.generate(ids, attention_mask=mask, **kwargs))
+
+
 def test_sampling_with_the_shipped_head_is_reproducible(smollm2, spec):
     _, tokenizer = smollm2
     ids = encode_prompt(tokenizer, BUILTIN_PROMPTS[0]["prompt"])

@@ -88,6 +88,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     gen.add_argument("--adaptive", action="store_true",
                      help="also run each specdec method with adaptive draft length (up to its k); mean_draft_length "
                           "in summary.json and the report shows the k each method actually drafted")
+    gen.add_argument("--tree", nargs="+", choices=("none", "static", "dynamic", "auto"), default=["none"],
+                     help="verify chains (none) or trees of drafts per pass; several run each specdec method with each "
+                          "(e.g. --tree none auto compares chain and tree in one run)")
     gen.add_argument("--compile-drafter", action="store_true",
                      help="run specdec's model drafters through torch.compile (compiled during the warm-up; "
                           "the verifier is compiled only by the hf-compiled baseline)")
@@ -184,13 +187,14 @@ def run_eval(args: argparse.Namespace) -> int:
     command = getattr(args, "command_line", None) or _command_line(sys.argv[1:])
     config = EvalConfig(
         out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens, baselines=args.baselines,
-        adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+        adaptive=args.adaptive, tree=args.tree, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=not args.no_chat_template,
         prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size,
         compile_drafter=args.compile_drafter, warmup=not args.no_warmup, progress=not args.no_progress,
         plots=not args.no_plots, overwrite=args.overwrite, model_name=args.model, dataset=str(dataset),
         summary_config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
-                        "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "command": command},
+                        "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "tree": args.tree,
+                        "command": command},
     )
     try:
         report = evaluate_model(model, tokenizer, prompts, config)

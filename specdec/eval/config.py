@@ -38,6 +38,8 @@ class EvalConfig:
         baselines: among ``hf``, ``hf-compiled``, ``hf-assisted``, ``hf-assisted-heuristic``,
             ``hf-prompt-lookup``. ``hf-compiled`` compiles before timing (even with ``warmup=False``);
             ``summary.json`` reports its ``compile_seconds``, and every method's ``speedup_vs_hf_compiled``.
+        tree: ``none`` / ``static`` / ``dynamic`` / ``auto``, or several: each specdec method is run with each
+            (``none``: chains); summary entries add ``tree`` and ``mean_tree_tokens``.
         adaptive: also run each specdec method with adaptive draft length (up to its k); each record and
             summary entry has ``mean_draft_length`` (draft tokens proposed per verifier pass).
         max_new_tokens, do_sample, temperature, top_p, seed: generation settings for every method
@@ -66,6 +68,7 @@ class EvalConfig:
     num_draft_tokens: int | Sequence[int] = 4
     baselines: Sequence[str] = DEFAULT_BASELINES
     adaptive: bool = False
+    tree: str | None | Sequence[str | None] = None
     max_new_tokens: int = 64
     do_sample: bool = False
     temperature: float | None = None
@@ -96,7 +99,8 @@ class EvalConfig:
         if self.methods is None:
             drafts = [self.draft] if isinstance(self.draft, str) else list(self.draft)
             ks = [self.num_draft_tokens] if isinstance(self.num_draft_tokens, int) else list(self.num_draft_tokens)
-            methods = plan_methods(self.baselines, drafts, ks, adaptive=self.adaptive)
+            trees = [self.tree] if self.tree is None or isinstance(self.tree, str) else list(self.tree)
+            methods = plan_methods(self.baselines, drafts, ks, adaptive=self.adaptive, trees=trees)
         else:
             parsed = [m if isinstance(m, MethodSpec) else MethodSpec.parse(m) for m in self.methods]
             methods = list(dict.fromkeys([MethodSpec(HF), *parsed]))

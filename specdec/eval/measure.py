@@ -50,6 +50,8 @@ class Measurement:
     accepted_per_position: list[int] | None = None
     committed_tokens: int | None = None
     verifier_passes: int | None = None
+    proposed: int | None = None  # draft tokens the verifier scored (a tree's nodes; a chain's drafts)
+    tree: dict | None = None  # the tree configuration used (None: chains)
     compiled_graphs: int | None = None  # hf-compiled: graphs torch.compile built during this (timed) call
 
 
@@ -218,6 +220,7 @@ class Runner:
             result.proposed_per_position = list(row.proposed_per_position)
             result.accepted_per_position = list(row.accepted_per_position)
             result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
+            result.proposed, result.tree = row.proposed, stats.tree
         return results
 
 
@@ -326,7 +329,7 @@ def build_runners(
     from specdec.api import SpeculativeModel
 
     drafts: dict[str, ResolvedDraft] = {}
-    specs: dict[tuple[str, int | None], Any] = {}
+    specs: dict[tuple[str, int | None, str | None], Any] = {}
     runners: dict[str, Runner] = {}
     for m in methods:
         if m.draft is not None and m.draft not in drafts:
@@ -344,13 +347,13 @@ def build_runners(
             settings = HEURISTIC_ASSISTANT if m.kind == HF_ASSISTED_HEURISTIC else None
             runners[m.name] = Runner(m, model, {"assistant_model": assistant}, assistant_settings=settings)
         else:
-            key = (m.draft, m.k if m.adaptive else None)  # an adaptive policy learns per method
+            key = (m.draft, m.k if m.adaptive else None, m.tree)  # an adaptive policy learns per method
             if key not in specs:
                 drafter = drafts[m.draft].draft
                 if compile_drafter and drafter.compilable and not any(s.drafter is drafter for s in specs.values()):
                     drafter.compile()  # once per drafter: its SpeculativeModels share it
                 specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
-                                              adaptive=m.adaptive)
+                                              adaptive=m.adaptive, tree=m.tree)
             runners[m.name] = Runner(m, model, spec=specs[key])
     return runners
 

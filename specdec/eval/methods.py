@@ -7,7 +7,8 @@
 - ``hf-assisted-heuristic[D]``: the same with transformers' ``num_assistant_tokens_schedule="heuristic"``
   (its adaptive draft length);
 - ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
-- ``specdec[D,k=K]``: :class:`specdec.SpeculativeModel` with drafter ``D`` drafting ``K`` tokens per pass.
+- ``specdec[D,k=K]``: :class:`specdec.SpeculativeModel` with drafter ``D`` drafting ``K`` tokens per pass;
+  ``specdec[D,k=K,tree=T]`` verifies a tree of drafts per pass (``T``: static, dynamic or auto).
 
 Drafter names are resolved by :func:`specdec.drafters.resolve_drafter`, the one resolver;
 :func:`resolve_draft` adds what HF assisted generation needs from the same drafter.
@@ -40,6 +41,7 @@ HEURISTIC_ASSISTANT = {"num_assistant_tokens_schedule": "heuristic", "num_assist
 DEFAULT_BASELINES = (HF, HF_ASSISTED)
 DEFAULT_DRAFT = "self:int8"
 DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # the value transformers' docs use
+TREE_MODES = ("static", "dynamic", "auto")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class MethodSpec:
     draft: str | None = None
     k: int | None = None
     adaptive: bool = False  # specdec only: choose the draft length per step, up to k
+    tree: str | None = None  # specdec only: static | dynamic | auto (None: chains)
 
     def __post_init__(self) -> None:
         if self.kind not in (*BASELINE_KINDS, SPECDEC):
@@ -58,12 +61,15 @@ class MethodSpec:
             raise ValueError(f"method {self.kind} needs a drafter")
         if self.kind == SPECDEC and (not isinstance(self.k, int) or self.k < 1):
             raise ValueError(f"specdec needs a draft length k >= 1, got {self.k!r}")
+        if self.tree is not None and (self.kind != SPECDEC or self.tree not in TREE_MODES):
+            raise ValueError(f"tree={self.tree!r}: trees are for specdec methods, one of {', '.join(TREE_MODES)}")
 
     @property
     def name(self) -> str:
         """Stable name used in records and ``summary.json``: ``hf``, ``hf-assisted[self:int8]``, ``specdec[self:int8,k=4]``."""
         if self.kind == SPECDEC:
-            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}]"
+            tree = f",tree={self.tree}" if self.tree else ""
+            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}]"
         if self.kind in ASSISTED_KINDS:
             return f"{self.kind}[{self.draft}]"
         return self.kind
@@ -76,9 +82,10 @@ class MethodSpec:
     @classmethod
     def parse(cls, name: str) -> "MethodSpec":
         """Inverse of :attr:`name`."""
-        m = re.fullmatch(r"(hf-assisted-heuristic|hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?\]", name.strip())
+        m = re.fullmatch(r"(hf-assisted-heuristic|hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?(?:,tree=(\w+))?\]",
+                         name.strip())
         if m:
-            return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)))
+            return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)), m.group(5))
         return cls(name.strip())
 
 
@@ -126,10 +133,11 @@ def plan_methods(
     drafts: Iterable[str] = (DEFAULT_DRAFT,),
     num_draft_tokens: Iterable[int] = (4,),
     adaptive: bool = False,
+    trees: Iterable[str | None] = (None,),
 ) -> list[MethodSpec]:
     """The methods of a run: ``hf`` (always: it is the reference), ``hf-compiled`` when asked for, the other
-    baselines, then specdec per drafter and k
-    (and, with ``adaptive``, each of those again with adaptive draft length up to k).
+    baselines, then specdec per drafter, k and tree (``None`` or ``"none"``: chains)
+    (and, with ``adaptive``, each chain method again with adaptive draft length up to k).
 
     ``hf-assisted`` is planned for each drafter that is a causal LM; for the others a warning says
     why it is left out.
@@ -150,7 +158,8 @@ def plan_methods(
                               stacklevel=2)
     if HF_PROMPT_LOOKUP in baselines:
         methods.append(MethodSpec(HF_PROMPT_LOOKUP))
-    methods += [MethodSpec(SPECDEC, d, k) for d in drafts for k in ks]
+    trees = [None if t in (None, "none") else t for t in trees]
+    methods += [MethodSpec(SPECDEC, d, k, tree=t) for d in drafts for k in ks for t in trees]
     if adaptive:
         methods += [MethodSpec(SPECDEC, d, k, adaptive=True) for d in drafts for k in ks]
     return list(dict.fromkeys(methods))

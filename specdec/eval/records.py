@@ -171,17 +171,19 @@ def make_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: "M
         "proposed": None, "accepted": None, "acceptance_rate": None, "proposed_per_position": m.proposed_per_position,
         "accepted_per_position": m.accepted_per_position, "acceptance_by_position": None,
         "committed_tokens": m.committed_tokens, "verifier_passes": m.verifier_passes, "mean_accepted_length": None,
-        "mean_draft_length": None, "identical": None, "output_ids": m.output_ids, "text": text,
+        "mean_draft_length": None, "mean_tree_tokens": None, "tree": m.tree, "identical": None,
+        "output_ids": m.output_ids, "text": text,
     }
     if m.proposed_per_position is not None:
-        proposed, accepted = sum(m.proposed_per_position), sum(m.accepted_per_position or [])
+        accepted = sum(m.accepted_per_position or [])
+        proposed = m.proposed if m.proposed is not None else sum(m.proposed_per_position)
         rec.update(proposed=proposed, accepted=accepted, acceptance_rate=accepted / proposed if proposed else 0.0,
                    acceptance_by_position=[a / p if p else 0.0 for a, p in
                                            zip(m.accepted_per_position or [], m.proposed_per_position)])
     if m.verifier_passes:
         rec["mean_accepted_length"] = m.committed_tokens / m.verifier_passes
         if rec["proposed"] is not None:  # the k actually drafted per pass (below k where adaptive k drafts less)
-            rec["mean_draft_length"] = rec["proposed"] / m.verifier_passes
+            rec["mean_draft_length"] = rec["mean_tree_tokens"] = rec["proposed"] / m.verifier_passes
     if m.compiled_graphs is not None:
         rec["compiled_graphs"] = m.compiled_graphs
     if greedy and method.kind != HF and reference is not None:

@@ -20,7 +20,10 @@ time) and ``speedup`` its ratio to HF ``generate`` on the same batches.
 Every figure pools the prompts that every method of the run completed. Throughput is total new
 tokens over total seconds; speedups are ratios of throughputs measured in the same run. Acceptance
 rate, mean accepted length, speedup and identity are computed by specdec's local ``evaluate`` modules
-(:mod:`specdec.eval.metrics`). ``mean_draft_length`` is draft tokens proposed per verifier pass (total
+(:mod:`specdec.eval.metrics`). ``tree`` is a specdec method's tree configuration (``null``: chains) and
+``mean_tree_tokens`` the draft tokens the verifier scored per pass (a tree's nodes; a chain's ``k``).
+With trees, ``acceptance_by_position`` is per depth and ``acceptance_rate`` accepted over scored nodes.
+``mean_draft_length`` is draft tokens proposed per verifier pass (total
 over total): ``k`` for a fixed-k method (less only where ``max_length`` leaves less room), less where
 adaptive k drafts less. ``hf-compiled`` adds ``compile_seconds`` (the untimed compile before its first
 timed call; the largest over the runs its records come from) and ``compiled_graphs`` (graphs compiled
@@ -76,7 +79,7 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
     fig["speedup_vs_hf_compiled"] = ratios.get(HF_COMPILED)
     fig["speedup_vs"] = ratios
     keys = ("proposed", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_length",
-            "mean_draft_length", "identical")
+            "mean_draft_length", "mean_tree_tokens", "identical")
     fig.update(dict.fromkeys(keys))
     if greedy and compare:
         fig["identical"] = compute_metric("token_exact_match", predictions=[r["output_ids"] for r in rows],
@@ -88,13 +91,16 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
                              proposed=[r["proposed_per_position"] for r in rows])
         fig.update(proposed=acc["proposed"], accepted=acc["accepted"], acceptance_rate=_round(acc["acceptance_rate"]),
                    acceptance_by_position=[_round(x) for x in acc.get("acceptance_by_position", [])])
+        if all(r.get("proposed") is not None for r in rows):  # trees: nodes scored, not positions
+            proposed = sum(r["proposed"] for r in rows)
+            fig.update(proposed=proposed, acceptance_rate=_round(acc["accepted"] / proposed if proposed else 0.0))
     if rows and all(r.get("verifier_passes") is not None for r in rows):
         fig["mean_accepted_length"] = _round(compute_metric(
             "mean_accepted_length", committed=[r["committed_tokens"] for r in rows],
             verifier_passes=[r["verifier_passes"] for r in rows])["mean_accepted_length"])
         if fig["proposed"] is not None:  # pooled: total drafts proposed over total verifier passes
             passes = sum(r["verifier_passes"] for r in rows)
-            fig["mean_draft_length"] = _round(fig["proposed"] / passes if passes else 0.0)
+            fig["mean_draft_length"] = fig["mean_tree_tokens"] = _round(fig["proposed"] / passes if passes else 0.0)
     return fig
 
 
@@ -133,6 +139,8 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
                  **_figures(rows(m.name), bases, m.speculative, greedy, reference, compare)}
         if m.kind == HF_COMPILED:
             entry.update(_compile_figures(rows(m.name)))
+        if m.kind == "specdec":  # the configuration used: the last record's (auto: with what it learnt)
+            entry["tree"] = next((r.get("tree") for r in reversed(rows(m.name)) if r.get("tree")), None)
         entry["groups"] = {
             g: _figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference, compare)
             for g in groups

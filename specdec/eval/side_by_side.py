@@ -58,6 +58,13 @@ class Comparison:
     results: list[PromptResult] = field(default_factory=list)
     num_draft_tokens: int = 0
     draft: str = ""
+    tree: dict | None = None  # the tree configuration of the last call (None: chains)
+
+    @property
+    def mean_tree_tokens(self) -> float:
+        """Draft tokens the verifier scored per pass (a tree's nodes; a chain's k)."""
+        steps = sum(r.verifier_forwards for r in self.results)
+        return sum(r.proposed for r in self.results) / steps if steps else 0.0
 
     @property
     def plain_tokens_per_s(self) -> float:
@@ -95,6 +102,8 @@ class Comparison:
             "new_tokens": sum(r.new_tokens for r in self.results),
             "num_draft_tokens": self.num_draft_tokens,
             "draft": self.draft,
+            "tree": self.tree,
+            "mean_tree_tokens": round(self.mean_tree_tokens, 4),
             "per_prompt": [{k: v for k, v in asdict(r).items() if k not in ("prompt", "text")} for r in self.results],
         }
 
@@ -167,6 +176,7 @@ def compare(
             text=tokenizer.decode(spec_out[0, ids.shape[1] :], skip_special_tokens=True),
         )
         result.results.append(row)
+        result.tree = stats.tree
         if progress is not None:
             progress(row)
     return result
