@@ -2,7 +2,8 @@
 
 Skipped where no CUDA device is present (CI here is CPU only). Run it on a lent GPU machine:
 ``python -m pytest -q tests/test_cuda.py``. Every drafter family is covered: a separate model, a
-quantized self-copy, prompt lookup, composite (lookup + self-copy) and layer-skip.
+quantized self-copy, prompt lookup, composite (lookup + self-copy) and layer-skip; chains and trees
+(static, dynamic; ``auto`` measures the GPU's own cost curve), and the shipped EAGLE-3 head.
 
 fp32 must match token for token. In bf16 a pass over k+1 tokens rounds differently from
 ``generate``'s one-token steps, so a row may first differ only where ``generate``'s top two logits
@@ -60,11 +61,12 @@ def _assert_equal_up_to_bf16_ties(out: torch.Tensor, ref, prompt: int) -> None:
 @pytest.mark.parametrize("draft", DRAFTERS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("lengths", [[11], [3, 17, 9]], ids=["b1", "b3"])
-def test_tiny_models_greedy_identity_on_cuda(arch, draft, dtype, lengths):
+@pytest.mark.parametrize("tree", [None, "static", "dynamic"], ids=["chain", "static", "dynamic"])
+def test_tiny_models_greedy_identity_on_cuda(arch, draft, dtype, lengths, tree):
     model = make_model(arch).to("cuda", dtype)
     ids, mask = _left_padded(lengths, "cuda")
     kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-    spec = specdec.SpeculativeModel(model, _draft(draft, model), num_draft_tokens=4)
+    spec = specdec.SpeculativeModel(model, _draft(draft, model), num_draft_tokens=4, tree=tree)
     out = spec.generate(ids, attention_mask=mask, **kwargs)
     assert out.device.type == "cuda"
     ref = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_logits=True, **kwargs)
@@ -77,9 +79,11 @@ def test_tiny_models_greedy_identity_on_cuda(arch, draft, dtype, lengths):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("draft", ["self:int8", "prompt-lookup", "composite:int8", "layer-skip:10"])
+@pytest.mark.parametrize("draft, tree", [("self:int8", None), ("prompt-lookup", None), ("composite:int8", None),
+                                         ("layer-skip:10", None), ("eagle", None), ("eagle", "auto"),
+                                         ("self:int8", "dynamic")])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_embedded_model_greedy_identity_on_cuda(smollm2, draft, dtype, batch):
+def test_embedded_model_greedy_identity_on_cuda(smollm2, draft, tree, dtype, batch):
     from specdec.eval.side_by_side import BUILTIN_PROMPTS
 
     model, tokenizer = smollm2
@@ -90,7 +94,7 @@ def test_embedded_model_greedy_identity_on_cuda(smollm2, draft, dtype, batch):
         tokenizer.padding_side = "left"
         enc = tokenizer(texts, return_tensors="pt", padding=True).to("cuda")
         kwargs = dict(max_new_tokens=48, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-        spec = specdec.SpeculativeModel(model, draft, num_draft_tokens=4, tokenizer=tokenizer)
+        spec = specdec.SpeculativeModel(model, draft, num_draft_tokens=4, tokenizer=tokenizer, tree=tree)
         out = spec.generate(enc.input_ids, attention_mask=enc.attention_mask, **kwargs)
         ref = model.generate(enc.input_ids, attention_mask=enc.attention_mask, return_dict_in_generate=True,
                              output_logits=True, **kwargs)

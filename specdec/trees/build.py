@@ -10,14 +10,16 @@ them to its cache after its committed slots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
-from specdec.drafters.base import DraftContext, Rows
 from specdec.trees.config import TreeConfig
 from specdec.trees.tree import DraftTree
+
+if TYPE_CHECKING:  # trees never import drafters at run time: drafters import trees
+    from specdec.drafters.base import DraftContext, Rows
 
 
 class Expander(Protocol):
@@ -63,7 +65,6 @@ class GrownTree:
     tree: DraftTree
     fed: torch.LongTensor  # [B, N]
     passes: int = 0  # drafter passes spent (frontier expansions)
-    candidates: list = field(default_factory=list)
 
 
 class _Candidates:
@@ -121,7 +122,7 @@ class _Candidates:
         return GrownTree(tree, self.fed.gather(1, chosen), self.passes)
 
 
-def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, rows: Rows, ctx: DraftContext,
+def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, rows: "Rows", ctx: "DraftContext",
               score: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]) -> GrownTree:
     """Grow one tree per row from ``root_logits [B, V]`` (static or dynamic per ``shape``).
 
@@ -166,22 +167,28 @@ def _static(root: torch.Tensor, cands: _Candidates, expand: Expander, shape: Tre
     batch, device = root.shape[0], root.device
     choices = sorted((c for c in shape.config.choices if len(c) <= shape.depth), key=lambda c: (len(c), c))
     ids: dict[tuple[int, ...], int] = {}
-    parent_lp = {(): root}
+    ranked = {(): root.topk(_width(choices, ()), dim=-1)}  # one topk per parent: ranks are distinct tokens
     for d in range(1, max((len(c) for c in choices), default=0) + 1):
         level = [c for c in choices if len(c) == d]
         if d > 1:  # feed this depth's parents in one pass
             parents = sorted({c[:-1] for c in level})
             nodes = torch.tensor([ids[p] for p in parents], dtype=torch.long, device=device).expand(batch, -1)
             lp = logprobs(cands.feed(nodes, expand), nodes)
-            parent_lp = {p: lp[:, j] for j, p in enumerate(parents)}
+            ranked = {p: lp[:, j].topk(_width(choices, p), dim=-1) for j, p in enumerate(parents)}
         for path in level:
-            lp = parent_lp[path[:-1]]
-            v, t = lp.topk(path[-1] + 1, dim=-1)
-            base = cands.val[:, ids[path[:-1]]] if d > 1 else torch.zeros(batch, device=device)
-            par = torch.full((batch, 1), ids[path[:-1]] if d > 1 else -1, dtype=torch.long, device=device)
-            ids[path] = int(cands.add(t[:, -1:], par, (base + v[:, -1]).unsqueeze(1))[0, 0])
+            v, t = ranked[path[:-1]]
+            parent = ids[path[:-1]] if d > 1 else -1
+            base = cands.val[:, parent] if d > 1 else torch.zeros(batch, device=device)
+            par = torch.full((batch, 1), parent, dtype=torch.long, device=device)
+            rank = path[-1]
+            ids[path] = int(cands.add(t[:, rank : rank + 1], par, (base + v[:, rank]).unsqueeze(1))[0, 0])
     chosen = torch.arange(cands.tok.shape[1], device=device).expand(batch, -1)
     return cands.tree(chosen)
+
+
+def _width(choices: list[tuple[int, ...]], parent: tuple[int, ...]) -> int:
+    """How many ranked children of ``parent`` the static tree uses."""
+    return max((c[-1] + 1 for c in choices if c[:-1] == parent), default=1)
 
 
 def _feed_slots(config: TreeConfig) -> int:
@@ -200,7 +207,7 @@ def _probs(values: torch.Tensor) -> list[float]:
     return values.exp().mean(dim=0).tolist()
 
 
-def _contexts(rows: Rows, cands: _Candidates, nodes: torch.Tensor | None) -> list[torch.Tensor]:
+def _contexts(rows: "Rows", cands: _Candidates, nodes: torch.Tensor | None) -> list[torch.Tensor]:
     """Each node's context for the logits processors: its row, then the tokens on its path."""
     if nodes is None:
         return list(rows)

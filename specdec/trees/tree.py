@@ -11,20 +11,20 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.drafters.base import Proposal
-
 
 @dataclass
-class DraftTree(Proposal):
-    """Draft tokens as a tree (a :class:`~specdec.drafters.Proposal` whose ``tokens`` are nodes).
+class DraftTree:
+    """Draft tokens as a tree: what :meth:`~specdec.drafters.Drafter.propose_tree` returns (a chain's
+    :class:`~specdec.drafters.Proposal` has the same ``tokens`` and ``probs``).
 
     ``parents [B, N]`` (-1: child of the root), ``valid [B, N]`` (real nodes), ``values [B, N]`` (the
     drafter's estimate that the node is accepted, its cumulative draft probability; for tree sizing),
     ``probs``: ``None`` (deterministic nodes, the usual case: top-k children) or ``[B, N, V]``, the
-    distribution each node was sampled from (siblings drawn i.i.d.). ``fed [B, N]``: drafter-private
-    bookkeeping (which nodes it ran through its own cache), passed back in :class:`~specdec.drafters.Commit`.
+    distribution each node was sampled from (siblings drawn i.i.d.).
     """
 
+    tokens: torch.LongTensor
+    probs: torch.Tensor | None = None
     parents: torch.LongTensor | None = None
     valid: torch.BoolTensor | None = None
     values: torch.Tensor | None = None
@@ -40,6 +40,10 @@ class DraftTree(Proposal):
             raise ValueError("DraftTree parents must be -1 or an earlier node's index")
         self._parents = host
         self._valid = self.valid.tolist()
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[1])
 
     def host(self) -> tuple[list[list[int]], list[list[bool]]]:
         """``(parents, valid)`` as host lists (no device sync after construction)."""
@@ -136,7 +140,8 @@ class RowTree:
 
     @classmethod
     def from_tree(cls, tree: DraftTree, b: int) -> "RowTree":
-        """Row ``b`` of ``tree`` (its valid nodes keep their indices: filler only comes last)."""
+        """Row ``b`` of ``tree``; its valid nodes keep their indices (filler only comes last), equal siblings
+        included (later additions merge into the first)."""
         row = cls()
         parents, valid = tree.host()
         tokens = tree.tokens[b].tolist()
@@ -144,7 +149,10 @@ class RowTree:
         for i, (p, ok) in enumerate(zip(parents[b], valid[b])):
             if not ok:
                 break
-            row.add(p, tokens[i], values[i])
+            row._index.setdefault((p, tokens[i]), i)
+            row.tokens.append(tokens[i])
+            row.parents.append(p)
+            row.values.append(values[i])
         return row
 
 
