@@ -134,3 +134,29 @@ def test_tree_masks_refused_where_they_would_be_ignored():
     runner = CausalLMRunner(llama)
     with pytest.raises(UnsupportedModelError, match="ignores custom 4-D masks"):
         runner.check_tree_masks()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arch=st.sampled_from(sorted(MODELS)), prompt_len=st.integers(1, 6), parents=trees, split=st.integers(1, 6))
+def test_tree_over_several_forwards_scores_each_node_like_its_path_alone(arch, prompt_len, parents, split):
+    """A model drafter grows its tree depth by depth: a later forward's mask spans the tree slots written by
+    earlier ones (``tree_mask [1, n, t]``, ``t > n``); every node still sees exactly its ancestors."""
+    model = MODELS[arch]
+    parents = list(parents)
+    split = min(split, len(parents))
+    gen = torch.Generator(device="cpu").manual_seed(prompt_len * 17 + len(parents))
+    prompt = torch.randint(3, VOCAB, (1, prompt_len), generator=gen, device="cpu")
+    nodes = torch.randint(3, VOCAB, (1, len(parents)), generator=gen, device="cpu")
+    runner = CausalLMRunner(model)
+    session, _ = runner.prefill(prompt, None, 64)
+    mask, depth = _tree(parents)
+    logits = []
+    for lo, hi in ((0, split), (split, len(parents))):
+        if hi > lo:
+            out = session.forward(nodes[:, lo:hi], position_ids=(prompt_len + depth[lo:hi]).unsqueeze(0),
+                                  tree_mask=mask[lo:hi, :hi].unsqueeze(0))
+            logits.append(out.logits[0])
+    logits = torch.cat(logits)
+    for i, path in enumerate(_paths(parents)):
+        _, alone = runner.prefill(torch.cat([prompt, nodes[:, path]], dim=1), None, 64)
+        torch.testing.assert_close(logits[i], alone.logits[0], **TOL)

@@ -234,6 +234,7 @@ def test_sizer_rules():
     values = [0.9, 0.8, 0.5, 0.3, 0.1, 0.05, 0.01]
     assert TreeSizer(FLAT, draft_step=0.001).select(values, 1) == len(values)
     assert TreeSizer(STEEP, draft_step=0.001).select(values, 1) <= 2
+    assert TreeSizer(STEEP, draft_step=0.001).select([0.02, 0.01], 1) == 0  # not worth a bigger pass: plain decode
     sizer = TreeSizer(STEEP, draft_step=0.001)
     assert sizer.worth_expanding([0.9], [0.9], 1) and not TreeSizer(STEEP, draft_step=1.0).worth_expanding([0.9], [0.01], 1)
     sizer.update(predicted=2.0, accepted=1.0)
@@ -265,3 +266,32 @@ def test_static_tree_has_the_requested_shape():
     drafter.start(ids, mask, 64, hidden=hidden)
     shallow = drafter.propose_tree(rows, TreeShape(parse_tree(choices), room=2), ctx)
     assert shallow.tokens.shape[1] == 4  # the room left in the call caps the depth
+
+
+def test_tree_scores_logits_and_streamer_match_generate():
+    """At batch 1 a tree call returns generate's scores and logits per committed token and streams the
+    same tokens: the tree pass's rows are gathered along the accepted path."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens += value.flatten().tolist()
+
+        def end(self):
+            pass
+
+    model = make_model("llama")
+    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), tree="dynamic")
+    ids = torch.tensor([[5, 9, 11, 4, 5, 9]])
+    kwargs = dict(max_new_tokens=20, do_sample=False, pad_token_id=0, eos_token_id=None,
+                  return_dict_in_generate=True, output_scores=True, output_logits=True)
+    stream = Collect()
+    out = spec.generate(ids, streamer=stream, **kwargs)
+    ref = model.generate(ids, **kwargs)
+    assert torch.equal(out.sequences, ref.sequences) and stream.tokens == ref.sequences[0].tolist()
+    assert out.spec_stats.accepted > 0 and len(out.scores) == len(ref.scores) == 20
+    for mine, theirs in zip(out.logits, ref.logits):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)

@@ -7,7 +7,7 @@ import copy
 import torch
 
 from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
-from specdec.drafters.prompt_lookup import PromptLookupDrafter, continuations
+from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.trees.build import TreeShape
 from specdec.trees.tree import DraftTree, RowTree, pack
 from specdec.verifiers.session import CacheSession
@@ -72,10 +72,8 @@ class CompositeDrafter(Drafter):
         """The model drafter's tree with the lookup's continuations merged in as more branches of the root
         (shared prefixes merge); the model's nodes keep their indices, so it commits its own part."""
         tree = self.model_drafter.propose_tree(rows, shape, ctx)
-        lookup, merged = self.lookup, []
-        for b, (pad, row) in enumerate(zip(lookup._pads, rows)):
-            ids = row.tolist()[max(lookup._pads[b], rows.length(b) - lookup.window):]
-            branch = continuations(ids, shape.depth, lookup.min_ngram, lookup.max_ngram, 1)
+        merged = []
+        for b, branch in enumerate(self.lookup.branches(rows, shape.depth, 1)):
             own = RowTree.from_tree(tree, b)
             size = len(own)
             if branch and len(branch[0]) >= self.min_match:

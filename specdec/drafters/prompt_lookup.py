@@ -97,15 +97,21 @@ class PromptLookupDrafter(Drafter):
             tokens = tokens.clamp(max=ctx.vocab_size - 1)
         return Proposal(tokens)
 
+    def branches(self, rows: Rows, depth: int, limit: int) -> list[list[list[int]]]:
+        """Per row, up to ``limit`` different continuations (``depth`` tokens at most) of its suffix n-grams."""
+        out = []
+        for pad, row in zip(self._pads, rows):
+            ids = row.tolist()
+            context = ids[max(pad, len(ids) - self.window) :]
+            out.append(continuations(context, depth, self.min_ngram, self.max_ngram, limit) if depth > 0 else [])
+        return out
+
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
         """Several n-gram matches as branches (up to ``top_k`` of them, ``depth`` deep), merged into a trie;
         the best ``total_tokens`` nodes by share of branches are kept."""
         depth = shape.depth if self.max_draft is None else min(shape.depth, self.max_draft)
         trees = []
-        for pad, row in zip(self._pads, rows):
-            ids = row.tolist()
-            context = ids[max(pad, len(ids) - self.window) :]
-            branches = continuations(context, depth, self.min_ngram, self.max_ngram, shape.config.top_k) if depth > 0 else []
+        for branches in self.branches(rows, depth, shape.config.top_k):
             tree = lookup_tree(branches)
             trees.append(tree.best(shape.select(sorted(tree.values, reverse=True), 0)) if len(tree) else tree)
         tree = pack(trees, rows.device)

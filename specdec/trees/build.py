@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import torch
 
 from specdec.trees.config import TreeConfig
+from specdec.trees.sizing import TreeSizer
 from specdec.trees.tree import DraftTree
 
 if TYPE_CHECKING:  # trees never import drafters at run time: drafters import trees
@@ -38,7 +39,7 @@ class TreeShape:
 
     config: TreeConfig
     room: int
-    sizer: "object | None" = None  # specdec.trees.sizing.TreeSizer
+    sizer: TreeSizer | None = None
 
     @property
     def depth(self) -> int:
@@ -52,7 +53,7 @@ class TreeShape:
         return self.sizer is None or self.sizer.worth_expanding(values, frontier, passes)
 
     def select(self, values: list[float], passes: int) -> int:
-        """How many of the candidates (``values`` sorted best first) to verify."""
+        """How many of the candidates (``values`` sorted best first) to verify (``auto``: possibly none)."""
         if self.sizer is None:
             return min(self.config.total_tokens, len(values))
         return self.sizer.select(values, passes)
@@ -64,7 +65,6 @@ class GrownTree:
 
     tree: DraftTree
     fed: torch.LongTensor  # [B, N]
-    passes: int = 0  # drafter passes spent (frontier expansions)
 
 
 class _Candidates:
@@ -119,7 +119,7 @@ class _Candidates:
         new_index.scatter_(1, chosen + 1, torch.arange(n, device=self.device).expand(batch, n))
         parents = new_index.gather(1, self.par.gather(1, chosen) + 1)
         tree = DraftTree(self.tok.gather(1, chosen), None, parents=parents, values=self.val.gather(1, chosen).exp())
-        return GrownTree(tree, self.fed.gather(1, chosen), self.passes)
+        return GrownTree(tree, self.fed.gather(1, chosen))
 
 
 def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, rows: "Rows", ctx: "DraftContext",
@@ -132,8 +132,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
     """
     batch, device = root_logits.shape[0], root_logits.device
     config = shape.config
-    slots = _feed_slots(config)
-    cands = _Candidates(batch, slots, device)
+    cands = _Candidates(batch, config.max_fed, device)
 
     def logprobs(logits: torch.Tensor, nodes: torch.Tensor | None) -> torch.Tensor:
         flat = logits.reshape(-1, logits.shape[-1])
@@ -156,7 +155,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
         frontier = ids.gather(1, best)
         depth += 1
     finite = int(torch.isfinite(cands.val).sum(dim=1).min())
-    n = max(1, min(shape.select(_sorted(cands.val), cands.passes), finite)) if finite else 1
+    n = min(shape.select(_sorted(cands.val), cands.passes), finite)  # auto may verify no draft at all
     order = cands.val.sort(dim=1, descending=True, stable=True).indices  # ties: parents (earlier) first
     return cands.tree(order[:, :n])
 
@@ -190,12 +189,6 @@ def _width(choices: list[tuple[int, ...]], parent: tuple[int, ...]) -> int:
     """How many ranked children of ``parent`` the static tree uses."""
     return max((c[-1] + 1 for c in choices if c[:-1] == parent), default=1)
 
-
-def _feed_slots(config: TreeConfig) -> int:
-    """The most nodes one tree can feed to the drafter."""
-    if config.mode == "static":
-        return len({c[:-1] for c in config.choices if len(c) > 1})
-    return config.top_k * max(config.depth - 1, 0)
 
 
 def _sorted(values: torch.Tensor) -> list[float]:

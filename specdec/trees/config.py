@@ -54,12 +54,17 @@ class TreeConfig:
         return len(self.choices) if self.mode == "static" else self.total_tokens
 
     @property
+    def max_fed(self) -> int:
+        """The most nodes one tree feeds through its drafter (the parents it expands)."""
+        if self.mode == "static":
+            return len({c[:-1] for c in self.choices if len(c) > 1})
+        return self.top_k * max(self.depth - 1, 0)
+
+    @property
     def extra_slots(self) -> int:
         """Cache slots a tree pass may need past a chain's: the verifier scores every node, and a model
         drafter writes every node it expands, whatever the depth left in the call."""
-        fed = len({c[:-1] for c in self.choices if len(c) > 1}) if self.mode == "static" \
-            else self.top_k * max(self.depth - 1, 0)
-        return self.max_nodes + fed + 1
+        return self.max_nodes + self.max_fed + 1
 
     @property
     def max_depth(self) -> int:

@@ -104,14 +104,15 @@ class TreeSizer:
         return (1 + self.calibration * sum(values[:n])) / (self.cost(n + 1) + passes * self.draft_step)
 
     def select(self, values: list[float], passes: int) -> int:
-        """The number of candidates (``values`` best first) with the most expected tokens per second."""
+        """The number of candidates (``values`` best first) with the most expected tokens per second; 0 when
+        no draft is worth what it adds to the pass (the pass then decodes one token, as plain generate)."""
         best, best_rate, total = 0, 1 / (self.cost(1) + passes * self.draft_step), 0.0
         for n, v in enumerate(values[: self.max_tokens], start=1):
             total += v
             rate = (1 + self.calibration * total) / (self.cost(n + 1) + passes * self.draft_step)
             if rate > best_rate:
                 best, best_rate = n, rate
-        return max(best, 1)
+        return best
 
     def worth_expanding(self, values: list[float], frontier: list[float], passes: int) -> bool:
         """Whether one more drafter pass can pay for itself: the frontier's children are worth at most the
