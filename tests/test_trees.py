@@ -234,11 +234,14 @@ def test_sizer_rules():
     values = [0.9, 0.8, 0.5, 0.3, 0.1, 0.05, 0.01]
     assert TreeSizer(FLAT, draft_step=0.001).select(values, 1) == len(values)
     assert TreeSizer(STEEP, draft_step=0.001).select(values, 1) <= 2
-    assert TreeSizer(STEEP, draft_step=0.001).select([0.02, 0.01], 1) == 0  # not worth a bigger pass: plain decode
+    assert TreeSizer(STEEP, draft_step=0.001).select([0.02, 0.01], 1) == 1  # never none: it must keep learning
     sizer = TreeSizer(STEEP, draft_step=0.001)
     assert sizer.worth_expanding([0.9], [0.9], 1) and not TreeSizer(STEEP, draft_step=1.0).worth_expanding([0.9], [0.01], 1)
-    sizer.update(predicted=2.0, accepted=1.0)
-    assert sizer.calibration == pytest.approx(0.5)
+    sizer.update(predicted=2.0, accepted=0.0)  # one bad pass moves it, the prior keeps it off the floor
+    assert sizer.calibration == pytest.approx(1 / 3)
+    for _ in range(60):
+        sizer.update(predicted=2.0, accepted=1.0)
+    assert sizer.calibration == pytest.approx(0.5, abs=0.03)
     assert FLAT(32) == pytest.approx(0.010 + 31 / 63 * 0.001) and STEEP(128) > STEEP(64)
     with pytest.raises(ValueError, match="ascending"):
         VerifyCost((4, 2), (0.1, 0.2))

@@ -246,7 +246,8 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
         lines += ["```", summary["config"]["command"], "```", ""]
     lines += ["`vs X` columns are tokens/s ratios against method X in this run; `accept` is the draft acceptance rate, "
               "`mean len` the tokens committed per verifier pass, `draft len` the draft tokens proposed per verifier "
-              "pass (k, or less where adaptive k drafts less), `identical` the greedy outputs equal to `hf`'s.", ""]
+              "pass (k, or less where adaptive k drafts less; for `tree=` methods the tree's nodes, and `accept` is "
+              "accepted over scored nodes), `identical` the greedy outputs equal to `hf`'s.", ""]
     if _compile_note(summary):
         lines += [_compile_note(summary), ""]
     if summary.get("incomplete_prompts"):

@@ -53,7 +53,7 @@ class TreeShape:
         return self.sizer is None or self.sizer.worth_expanding(values, frontier, passes)
 
     def select(self, values: list[float], passes: int) -> int:
-        """How many of the candidates (``values`` sorted best first) to verify (``auto``: possibly none)."""
+        """How many of the candidates (``values`` sorted best first) to verify."""
         if self.sizer is None:
             return min(self.config.total_tokens, len(values))
         return self.sizer.select(values, passes)
@@ -155,7 +155,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
         frontier = ids.gather(1, best)
         depth += 1
     finite = int(torch.isfinite(cands.val).sum(dim=1).min())
-    n = min(shape.select(_sorted(cands.val), cands.passes), finite)  # auto may verify no draft at all
+    n = min(shape.select(_sorted(cands.val), cands.passes), finite)
     order = cands.val.sort(dim=1, descending=True, stable=True).indices  # ties: parents (earlier) first
     return cands.tree(order[:, :n])
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+PRIOR = 1.0  # pseudo-count of the calibration: accepted / predicted starts at 1 and moves with evidence
 
 
 @dataclass
@@ -98,21 +99,22 @@ class TreeSizer:
         self.draft_step = draft_step if draft_step is not None else 0.05 * cost(1)
         self.max_tokens = max_tokens
         self.calibration = 1.0
-        self._predicted = self._accepted = 0.0
+        self._predicted = self._accepted = 0.0  # EMAs of what the drafter predicted and what was accepted
 
     def _rate(self, values: list[float], n: int, passes: int) -> float:
         return (1 + self.calibration * sum(values[:n])) / (self.cost(n + 1) + passes * self.draft_step)
 
     def select(self, values: list[float], passes: int) -> int:
-        """The number of candidates (``values`` best first) with the most expected tokens per second; 0 when
-        no draft is worth what it adds to the pass (the pass then decodes one token, as plain generate)."""
+        """The number of candidates (``values`` best first) with the most expected tokens per second, at least
+        one: a pass without drafts would teach the calibration nothing, and a low estimate would then stick
+        (measured: verifying none whenever that looked best locked a Spec-Bench run into plain decoding)."""
         best, best_rate, total = 0, 1 / (self.cost(1) + passes * self.draft_step), 0.0
         for n, v in enumerate(values[: self.max_tokens], start=1):
             total += v
             rate = (1 + self.calibration * total) / (self.cost(n + 1) + passes * self.draft_step)
             if rate > best_rate:
                 best, best_rate = n, rate
-        return best
+        return max(best, 1)
 
     def worth_expanding(self, values: list[float], frontier: list[float], passes: int) -> bool:
         """Whether one more drafter pass can pay for itself: the frontier's children are worth at most the
@@ -129,7 +131,7 @@ class TreeSizer:
         the drafter's time over its passes."""
         self._predicted = decay * self._predicted + predicted
         self._accepted = decay * self._accepted + accepted
-        if self._predicted > 0:
-            self.calibration = min(2.0, max(0.05, self._accepted / self._predicted))
+        # a prior of one predicted-and-accepted token: one unlucky first pass cannot drive it to the floor
+        self.calibration = min(2.0, max(0.05, (self._accepted + PRIOR) / (self._predicted + PRIOR)))
         if self.timed and draft_seconds is not None and draft_passes > 0:
             self.draft_step = 0.8 * self.draft_step + 0.2 * draft_seconds / draft_passes
