@@ -71,9 +71,8 @@ def speculative_generate(
     start = time.perf_counter()
     policy = FixedDraftLength(num_draft_tokens) if isinstance(num_draft_tokens, int) else num_draft_tokens
     k_max = num_draft_tokens if isinstance(num_draft_tokens, int) else policy.max_k
-    if tree is not None:
-        if not drafter.supports_tree:
-            raise ValueError(f"{type(drafter).__name__} cannot draft trees: use tree=None (chains) with this drafter")
+    if tree is not None and not drafter.supports_tree:
+        raise ValueError(f"{type(drafter).__name__} cannot draft trees: use tree=None (chains) with this drafter")
     stats = SpecStats(num_draft_tokens=k_max, batch_size=setup.input_ids.shape[0],
                       tree=None if tree is None else tree.config.to_dict())
     out = CommittedRows(setup, streamer, output_scores, output_logits)

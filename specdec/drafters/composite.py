@@ -80,10 +80,7 @@ class CompositeDrafter(Drafter):
                 own.add_path(branch[0], [0.0] * len(branch[0]))
                 self.lookup_nodes += len(own) - size
             merged.append(own)
-        out = pack(merged, rows.device)
-        if ctx.vocab_size is not None:
-            out.tokens = out.tokens.clamp(max=ctx.vocab_size - 1)
-        return out
+        return pack(merged, rows.device, ctx.vocab_size)
 
     def commit(self, update: Commit) -> None:
         self.model_drafter.commit(update)  # a no-op for it when the lookup proposed

@@ -124,6 +124,7 @@ class ModelDrafter(Drafter):
         self._drafts_fed: int | None = None  # drafts fed at our last proposal, None once committed (or not ours)
         self._adopted = False
         self._tree_fed: list[list[int]] | None = None  # per row: feed position of each tree node (-1: not fed)
+        self._tree_block = 0  # tree slots written by the last proposal
 
     @property
     def model(self) -> PreTrainedModel:

@@ -16,16 +16,8 @@ from specdec.trees.tree import DraftTree, RowTree, pack
 
 def lookup(row: list[int], k: int, min_ngram: int, max_ngram: int) -> list[int]:
     """Up to ``k`` tokens following the latest earlier occurrence of the longest matching suffix n-gram."""
-    length = len(row)
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        suffix = row[length - n :]
-        # scan right to left for the most recent occurrence that is not the suffix itself
-        for start in range(length - n - 1, -1, -1):
-            if row[start : start + n] == suffix:
-                follow = row[start + n : start + n + k]
-                if follow:
-                    return follow
-    return []
+    found = continuations(row, k, min_ngram, max_ngram, 1)
+    return found[0] if found else []
 
 
 def continuations(row: list[int], depth: int, min_ngram: int, max_ngram: int, limit: int) -> list[list[int]]:
@@ -34,6 +26,7 @@ def continuations(row: list[int], depth: int, min_ngram: int, max_ngram: int, li
     length, found = len(row), []
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         suffix = row[length - n :]
+        # scan right to left for the most recent occurrences that are not the suffix itself
         for start in range(length - n - 1, -1, -1):
             if row[start : start + n] == suffix:
                 follow = row[start + n : start + n + depth]
@@ -81,11 +74,7 @@ class PromptLookupDrafter(Drafter):
     def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
         if self.max_draft is not None:
             k = min(k, self.max_draft)
-        drafts = []
-        for pad, row in zip(self._pads, rows):
-            ids = row.tolist()
-            context = ids[max(pad, len(ids) - self.window) :]
-            drafts.append(lookup(context, k, self.min_ngram, self.max_ngram) if k > 0 else [])
+        drafts = [found[0] if found else [] for found in self.branches(rows, k, 1)]
         width = max((len(d) for d in drafts), default=0)
         if width == 0:
             return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
@@ -114,10 +103,7 @@ class PromptLookupDrafter(Drafter):
         for branches in self.branches(rows, depth, shape.config.top_k):
             tree = lookup_tree(branches)
             trees.append(tree.best(shape.select(sorted(tree.values, reverse=True), 0)) if len(tree) else tree)
-        tree = pack(trees, rows.device)
-        if ctx.vocab_size is not None:
-            tree.tokens = tree.tokens.clamp(max=ctx.vocab_size - 1)
-        return tree
+        return pack(trees, rows.device, ctx.vocab_size)
 
     def keep_rows(self, indices: torch.Tensor) -> None:
         self._pads = [self._pads[i] for i in indices.tolist()]

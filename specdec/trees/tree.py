@@ -83,12 +83,11 @@ class DraftTree:
         batch, n = self.tokens.shape
         mask = torch.zeros(batch, n + 1, n + 1, dtype=torch.bool, device="cpu")
         mask[:, :, 0] = True
-        depth = torch.zeros(batch, n + 1, dtype=torch.long, device="cpu")
         for b, parents in enumerate(self._parents):
             for i, p in enumerate(parents):
                 mask[b, i + 1] |= mask[b, p + 1]
                 mask[b, i + 1, i + 1] = True
-                depth[b, i + 1] = depth[b, p + 1] + 1
+        depth = torch.tensor([[0] + d for d in self.depths()], dtype=torch.long, device="cpu").view(batch, n + 1)
         valid = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device="cpu"), self.valid.cpu()], dim=1)
         return depth.to(device), mask.to(device), valid.to(device)
 
@@ -156,8 +155,9 @@ class RowTree:
         return row
 
 
-def pack(rows: list[RowTree], device: torch.device) -> DraftTree:
-    """Pad per-row trees to one :class:`DraftTree` (filler: invalid children of the root)."""
+def pack(rows: list[RowTree], device: torch.device, vocab_size: int | None = None) -> DraftTree:
+    """Pad per-row trees to one :class:`DraftTree` (filler: invalid children of the root); token ids at or
+    past ``vocab_size`` (the verifier's vocabulary) are clamped into it."""
     n = max((len(r) for r in rows), default=0)
     tokens = torch.zeros(len(rows), n, dtype=torch.long, device="cpu")
     parents = torch.full((len(rows), n), -1, dtype=torch.long, device="cpu")
@@ -169,4 +169,6 @@ def pack(rows: list[RowTree], device: torch.device) -> DraftTree:
         parents[b, :m] = torch.tensor(row.parents, dtype=torch.long, device="cpu")
         valid[b, :m] = True
         values[b, :m] = torch.tensor(row.values, dtype=torch.float32, device="cpu")
+    if vocab_size is not None:
+        tokens = tokens.clamp(max=vocab_size - 1)
     return DraftTree(tokens.to(device), None, parents=parents.to(device), valid=valid.to(device), values=values.to(device))
