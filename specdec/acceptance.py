@@ -29,6 +29,19 @@ def greedy_accept(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> tu
     return num_accepted, target
 
 
+def draft_distribution(scores: torch.Tensor) -> torch.Tensor:
+    """The drafter's ``q = softmax(scores)`` over the last dimension, always a distribution.
+
+    A row that is not one (NaN or inf scores from a broken drafter, or every token masked) becomes
+    one-hot on its best finite score (token 0 if none). Any ``q`` the draft is sampled from keeps
+    rejection sampling exact, so a drafter's garbage costs acceptance, never a crash. No device sync.
+    """
+    p = torch.softmax(scores, dim=-1)
+    bad = ~torch.isfinite(p).all(dim=-1, keepdim=True)
+    best = torch.nan_to_num(scores, nan=float("-inf"), posinf=float("-inf")).argmax(dim=-1)
+    return torch.where(bad, torch.nn.functional.one_hot(best, p.shape[-1]).to(p.dtype), p)
+
+
 def rejection_accept(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -60,8 +73,11 @@ def rejection_accept(
     p_draft = target_probs[:, :k].gather(-1, index).squeeze(-1)
     q_draft = draft_probs.gather(-1, index).squeeze(-1)
     u = torch.rand((batch, k), generator=generator, device=draft_tokens.device, dtype=target_probs.dtype)
+    # A q that is no distribution (NaN, inf, negative: a broken custom drafter) rejects its draft, and the
+    # token is drawn from p there: exact whatever the drafter did.
+    valid = (torch.isfinite(draft_probs) & (draft_probs >= 0)).all(dim=-1)
     # u < p/q, written without the division so q == 0 (impossible for a sampled token) cannot produce nan.
-    accepted = (u * q_draft < p_draft).long()
+    accepted = ((u * q_draft < p_draft) & valid).long()
     num_accepted = accepted.cumprod(dim=-1).sum(dim=-1)
 
     rows = torch.arange(batch, device=draft_tokens.device)
@@ -71,7 +87,8 @@ def rejection_accept(
         residual = (target_probs[rows, stop] - draft_probs[rows, stop]).clamp_min(0)
         mass = residual.sum(dim=-1, keepdim=True)
         # A zero residual means p == q at that position, where rejection cannot happen; fall back to p.
-        residual = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), target_probs[rows, stop])
+        usable = (mass > 0) & valid[rows, stop].unsqueeze(-1)
+        residual = torch.where(usable, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), target_probs[rows, stop])
         rejected = (num_accepted < k).unsqueeze(-1)
         final_dist = torch.where(rejected, residual, p_stop)
     else:

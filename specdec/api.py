@@ -6,6 +6,7 @@ Everything here mirrors ``transformers``' ``model.generate``: same arguments, sa
 
 from __future__ import annotations
 
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from specdec.arguments import prepare_generation
 from specdec.draft_length import AdaptiveDraftLength
-from specdec.drafters import Drafter, resolve_drafter
+from specdec.drafters import CompositeDrafter, Drafter, ModelDrafter, resolve_drafter
 from specdec.engine import call_slots, speculative_generate
 from specdec.sizing import check_fits
 from specdec.stats import SpecStats
@@ -69,7 +70,14 @@ class SpeculativeModel:
             the drafter's calibrated confidence). Output is unchanged: greedy stays token-identical and
             sampling exact. Drafters: heads, model drafters, prompt lookup, composite.
         tree_cost: for ``tree="auto"``, a :class:`~specdec.trees.sizing.VerifyCost` to use instead of measuring
-            the verifier on first use (a few seconds: passes of 1..64 tokens).
+            the verifier on first use (a few seconds: passes of 1..64 tokens; :meth:`measure_tree_cost` measures
+            it now). Seeded ``auto`` calls are reproducible given this curve: pin it to reproduce them elsewhere.
+
+    Raises:
+        ValueError: a tree whose static ranks or ``top_k`` lie past the verifier's vocabulary, or other
+            options no call could use.
+        UnsupportedModelError: a tree with a verifier or model drafter that cannot take a tree mask
+            (flash / flex attention, sliding windows).
     """
 
     def __init__(
@@ -109,9 +117,16 @@ class SpeculativeModel:
             raise ValueError(f"tree={tree!r}: {type(self.drafter).__name__} cannot draft trees (heads, model drafters, "
                              "prompt lookup and composite can)")
         if self.tree is not None:
-            self.verifier.check_tree_masks()  # a model that would ignore the tree mask is refused now, not mid-call
+            # a tree's children are top-ranked tokens: ranks / top_k past the vocabulary fail now, not in topk mid-call
+            self.tree = self.tree.fit_vocab(_vocab_size(model))
+            # a model that would ignore the tree mask is refused now, not mid-call: the verifier and the model drafter
+            self.verifier.check_tree_masks()
+            for runner in _tree_mask_runners(self.drafter):
+                runner.check_tree_masks()
         self.tree_cost = tree_cost
         self._sizer: TreeSizer | None = None  # auto, unseeded calls: what it learnt carries over between calls
+        # auto's cost curve is measured once per object even when its first calls come from several threads
+        self._tree_lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         # Only what generate's callers and pipelines read from a model; anything else is an error,
@@ -160,7 +175,7 @@ class SpeculativeModel:
             raise NotImplementedError("specdec streams batch size 1 only (rows advance by different amounts per step)")
         if batch > 1 and setup.config.return_dict_in_generate and (setup.config.output_scores or setup.config.output_logits):
             raise NotImplementedError("output_scores / output_logits are supported for batch size 1 only")
-        plan = self._tree_plan(generator)
+        plan = self._tree_plan(generator, setup.max_length - setup.input_ids.shape[1])
         slots = call_slots(setup, k) + (0 if plan is None else plan.config.extra_slots)
         self._check_memory(setup.input_ids.shape, slots, k if plan is None else plan.config.max_nodes)
         result = speculative_generate(
@@ -182,21 +197,36 @@ class SpeculativeModel:
         )
 
 
-    def _tree_plan(self, generator: torch.Generator | None) -> TreePlan | None:
-        """This call's tree policy; ``auto`` measures the verifier's cost curve once, on first use."""
+    def measure_tree_cost(self) -> VerifyCost | None:
+        """``tree="auto"``'s verifier cost curve, measured now if it was neither given (``tree_cost=``) nor measured
+        yet; ``None`` for other trees and chains. Call it before timing calls (``specdec eval`` does), or the first
+        ``auto`` call pays for the measurement. Thread-safe: concurrent first calls measure once and share the curve."""
+        if self.tree is None or self.tree.mode != "auto":
+            return None
+        if self.tree_cost is None:  # double-checked: the lock is taken only until the curve exists
+            with self._tree_lock:
+                if self.tree_cost is None:
+                    self.tree_cost = measure_verify_cost(self.verifier)
+        return self.tree_cost
+
+    def _tree_plan(self, generator: torch.Generator | None, new_tokens: int) -> TreePlan | None:
+        """This call's tree policy, capped to its ``new_tokens``; ``auto`` measures the verifier's cost curve once,
+        on first use."""
         if self.tree is None:
             return None
         if self.tree.mode != "auto":
-            return TreePlan(self.tree)
-        if self.tree_cost is None:
-            self.tree_cost = measure_verify_cost(self.verifier)
+            return TreePlan(self.tree, new_tokens=new_tokens)
+        cost = self.measure_tree_cost()
         limit = self.tree.total_tokens
         if generator is not None:  # reproducible: a clock-free draft cost, nothing carried over from other calls
             ratio = _draft_cost_ratio(self.drafter, self.model)
-            return TreePlan(self.tree, TreeSizer(self.tree_cost, draft_step=ratio * self.tree_cost(1), max_tokens=limit))
-        if self._sizer is None or self._sizer.cost is not self.tree_cost:
-            self._sizer = TreeSizer(self.tree_cost, max_tokens=limit)
-        return TreePlan(self.tree, self._sizer)
+            sizer = TreeSizer(cost, draft_step=ratio * cost(1), max_tokens=limit)
+            return TreePlan(self.tree, sizer, new_tokens=new_tokens)
+        with self._tree_lock:  # one shared sizer, even for concurrent first calls
+            if self._sizer is None or self._sizer.cost is not cost:
+                self._sizer = TreeSizer(cost, max_tokens=limit)
+            sizer = self._sizer
+        return TreePlan(self.tree, sizer, new_tokens=new_tokens)
 
     def _draft_length(self, k: int, generator: torch.Generator | None) -> int | AdaptiveDraftLength:
         """The draft-length policy of one call: ``k`` itself, or an adaptive policy drafting at most ``k``."""
@@ -222,6 +252,23 @@ class SpeculativeModel:
             prefill_tokens=shape[1],
             draft_len=k,
         )
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the verifier's LM head (the logits' width; the config's ``vocab_size`` when it has no weight)."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)
+
+
+def _tree_mask_runners(drafter: Drafter) -> list[CausalLMRunner]:
+    """The runners of the drafter's own models that a tree feeds a tree mask (model drafters, a composite's
+    inner model drafter): they must take one as the verifier must."""
+    if isinstance(drafter, CompositeDrafter):
+        return _tree_mask_runners(drafter.model_drafter)
+    if isinstance(drafter, ModelDrafter):
+        return [drafter.runner]
+    return []
 
 
 def _draft_cost_ratio(drafter: Drafter, verifier: torch.nn.Module) -> float:

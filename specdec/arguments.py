@@ -15,6 +15,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation.configuration_utils import GenerationMode
 
+from specdec.processing import RowProcessors, build_row_processors
+
 # Arguments of model.generate that change *what* is generated in ways the speculative loop does not
 # reproduce yet. Each raises instead of being silently ignored.
 _UNSUPPORTED_KWARGS = {
@@ -47,7 +49,7 @@ class GenerationSetup:
     config: GenerationConfig
     input_ids: torch.LongTensor
     attention_mask: torch.LongTensor | None
-    processors: LogitsProcessorList
+    processors: RowProcessors  # transformers' processors, the batch's and each row's
     stopping: StoppingCriteriaList
     pad_token_id: int | None
     has_eos_criteria: bool
@@ -145,14 +147,9 @@ def prepare_generation(
             f"nothing to generate: max_length={config.max_length} but the prompt already has {length} tokens; "
             "set max_new_tokens."
         )
-    processors = model._get_logits_processor(
-        generation_config=config,
-        input_ids_seq_length=length,
-        encoder_input_ids=input_ids,
-        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-        logits_processor=logits_processor if logits_processor is not None else LogitsProcessorList(),
-        device=device,
-        model_kwargs={},
+    processors = build_row_processors(
+        model, config, input_ids, attention_mask,
+        logits_processor if logits_processor is not None else LogitsProcessorList(), prefix_allowed_tokens_fn,
     )
     stopping = model._get_stopping_criteria(
         generation_config=config,

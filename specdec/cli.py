@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -40,6 +41,20 @@ def _log(*args: Any) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
+def drafter_errors() -> tuple[type[Exception], ...]:
+    """The errors building a drafter or a tree can raise for a user's choices (a missing or mismatched head or
+    model, a vocabulary mismatch, a model trees refuse): the CLI prints their one-line message, no traceback."""
+    from specdec.draft_spec import DraftSpecError
+    from specdec.drafters import VocabularyMismatchError
+    from specdec.heads.checkpoint import HeadLoadError
+    from specdec.models import ModelNotFoundError
+    from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
+    from specdec.verifiers import UnsupportedModelError
+
+    return (DraftSpecError, HeadLoadError, VocabularyMismatchError, UnsupportedModelError, ModelNotFoundError,
+            UnknownSchemeError, UnsupportedSchemeError)
+
+
 def _load(args: argparse.Namespace):
     import specdec
     from specdec.models import load_model
@@ -48,13 +63,22 @@ def _load(args: argparse.Namespace):
     model, tokenizer = load_model(args.model)
     k = args.num_draft_tokens or specdec.DEFAULT_NUM_DRAFT_TOKENS
     _log(f"building drafter {args.draft} (k={k}) ...")
-    spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer, adaptive=args.adaptive,
-                                    compile_drafter=args.compile_drafter, tree=args.tree)
+    try:
+        spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer,
+                                        adaptive=args.adaptive, compile_drafter=args.compile_drafter, tree=args.tree)
+    except drafter_errors() as e:
+        raise SystemExit(f"error: --draft {args.draft}{'' if args.tree == 'none' else f' --tree {args.tree}'}: "
+                         f"{_one_line(e)}") from None
     if args.compile_drafter:
         _log("compiling the drafter (about a minute; cached on disk for later runs) ...")
         spec.drafter.prime()
     spec.draft_name = args.draft
     return model, tokenizer, spec
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line (the CLI's errors are single ``error:`` lines)."""
+    return " ".join(str(error).split("\n"))
 
 
 def _check_lengths(args: argparse.Namespace) -> None:
@@ -90,6 +114,8 @@ def _check_model_and_draft(model: str, draft: str) -> None:
             parse_scheme(spec.scheme)
         except UnknownSchemeError as e:
             raise SystemExit(f"error: --draft {draft}: {e}") from None
+    elif spec.kind == "eagle" and spec.head is not None and not os.path.isdir(spec.head):
+        raise SystemExit(f"error: --draft {draft}: draft head directory {spec.head!r} does not exist")
     elif spec.kind == "path" and draft not in DEFAULT_ALIASES:
         try:
             resolve_model_source(draft)
@@ -291,6 +317,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                   "speedup, acceptance and identity against transformers' baselines on a prompt set", command)
     _add_optional(sub, "train-head", "specdec.heads.cli", "add_train_head_arguments", "run_train_head",
                   "train an EAGLE-style draft head for a model (self-distillation; resumable)", command)
+    _add_optional(sub, "head-report", "specdec.heads.report_cli", "add_head_report_arguments", "run_head_report",
+                  "a draft head's teacher-forced top-1, coverage and online acceptance on verifier responses", command)
     return parser
 
 

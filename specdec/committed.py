@@ -41,7 +41,7 @@ class CommittedRows:
         """The rows still generating, as the drafter sees them."""
         lengths = [self.lengths[r] for r in self.active]
         index = torch.tensor(self.active, dtype=torch.long, device=self.tokens.device)
-        return Rows(self.tokens[index, : max(lengths)], torch.tensor(lengths, dtype=torch.long, device="cpu"))
+        return Rows(self.tokens[index, : max(lengths)], torch.tensor(lengths, dtype=torch.long, device="cpu"), self.active)
 
     def add(self, r: int, tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> int:
         """Commit ``tokens [m]`` to row ``r`` left to right; return how many were taken."""

@@ -47,15 +47,15 @@ class Verified:
         cache.keep_slots(keep)
 
 
-def _process(setup: GenerationSetup, contexts: list[list[torch.Tensor]], logits: torch.Tensor) -> torch.Tensor:
+def _process(setup: GenerationSetup, rows: Rows, contexts: list[list[torch.Tensor]], logits: torch.Tensor) -> torch.Tensor:
     """Apply the logits processors at each verify position, with the context that position sees
-    (``contexts[b][j]``: row ``b``'s tokens up to and including position ``j``'s token)."""
+    (``contexts[b][j]``: row ``b``'s tokens up to and including position ``j``'s token) and row ``b``'s
+    own processors."""
     if not setup.processors:
         return logits
     out = torch.empty_like(logits)
     for b, row in enumerate(contexts):
-        for j, ids in enumerate(row):
-            out[b, j] = setup.processors(ids.unsqueeze(0), logits[b : b + 1, j])[0]
+        out[b, : len(row)] = setup.processors.apply([(rows.owners[b], ids) for ids in row], logits[b, : len(row)])
     return out
 
 
@@ -68,7 +68,7 @@ def verify_chain(cache: CacheSession, rows: Rows, proposal: Proposal, setup: Gen
     logits = step.logits.float()
     contexts = [[torch.cat([row, drafts[b, :j]]) for j in range(drafts.shape[1] + 1)] for b, row in enumerate(rows)] \
         if setup.processors else []
-    scores = _process(setup, contexts, logits)
+    scores = _process(setup, rows, contexts, logits)
     if not setup.do_sample:
         accepted, tokens = greedy_accept(drafts, scores)
     else:
@@ -91,7 +91,7 @@ def verify_tree(cache: CacheSession, rows: Rows, tree: DraftTree, setup: Generat
     step = cache.forward(torch.cat([last, tree.tokens], dim=1), valid, position_ids=positions, tree_mask=mask,
                          hidden_layers=layers)
     logits = step.logits.float()
-    scores = _process(setup, _tree_contexts(rows, tree), logits) if setup.processors else logits
+    scores = _process(setup, rows, _tree_contexts(rows, tree), logits) if setup.processors else logits
     if setup.do_sample:
         accepted, tokens, path = tree_rejection_accept(tree, torch.softmax(scores, dim=-1), generator)
     else:

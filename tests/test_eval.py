@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import string
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from specdec.eval import (
 )
 from specdec.eval.__main__ import add_eval_arguments, main as eval_main
 from specdec.eval.__main__ import run_eval as run_eval_cli
-from tiny_models import VOCAB, make_model, perturbed_copy
+from tiny_models import VOCAB, char_tokenizer, make_model, perturbed_copy
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 DRAFT = "test-perturbed:0.05"
@@ -462,26 +461,11 @@ def test_cli_defaults_and_errors(tmp_path):
         run_eval_cli(parser.parse_args(["--dataset", str(tmp_path / "nope.jsonl")]))
 
 
-def _char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for c in string.ascii_letters + string.digits + " .,?!'-:;()":
-        vocab.setdefault(c, len(vocab))
-    assert len(vocab) <= VOCAB
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
-
-
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     """A tiny model and a perturbed drafter saved as local model directories, with a character tokenizer."""
     root = tmp_path_factory.mktemp("models")
-    model, tok = make_model("llama"), _char_tokenizer()
+    model, tok = make_model("llama"), char_tokenizer()
     model.save_pretrained(root / "model")
     perturbed_copy(model, 0.05).save_pretrained(root / "draft")
     for d in ("model", "draft"):

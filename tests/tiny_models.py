@@ -8,6 +8,7 @@ rounding rather than the engine.
 from __future__ import annotations
 
 import copy
+import string
 
 import torch
 import transformers as tf
@@ -50,3 +51,19 @@ def perturbed_copy(model: torch.nn.Module, noise: float, seed: int = 123) -> tor
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * noise * (p.std() if p.numel() > 1 else 1.0))
     return draft
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer within the tiny vocabulary (for CLI and pipeline tests that need one)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for c in string.ascii_letters + string.digits + " .,?!'-:;()":
+        vocab.setdefault(c, len(vocab))
+    assert len(vocab) <= VOCAB
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 import torch
-from transformers import LogitsProcessorList
+
+from specdec.processing import RowContext, RowProcessors
 
 if TYPE_CHECKING:
     from specdec.trees.build import TreeShape
@@ -44,12 +45,20 @@ class Proposal:
 
 @dataclass
 class DraftContext:
-    """What a drafter may use to draft: the processors and the sampling mode of this call."""
+    """What a drafter may use to draft: the processors and the sampling mode of this call.
 
-    processors: LogitsProcessorList
+    ``processors`` apply per row (:meth:`RowProcessors.apply` with ``(row owner, context)`` pairs, see
+    :meth:`Rows.contexts`); a plain ``LogitsProcessorList`` (or ``None``) is taken as the same list for every row.
+    """
+
+    processors: RowProcessors
     do_sample: bool
     generator: torch.Generator | None = None
     vocab_size: int | None = None  # the verifier's vocabulary: never propose ids at or beyond it
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.processors, RowProcessors):
+            self.processors = RowProcessors(self.processors)
 
 
 class Rows:
@@ -57,12 +66,14 @@ class Rows:
 
     Row ``b`` is ``tokens[b, :lengths[b]]`` in transformers' layout: the left padding of its prompt,
     then its real tokens. Indexing and iterating give those 1-D views, so a drafter can treat the
-    batch as a list of rows of different lengths.
+    batch as a list of rows of different lengths. ``owners[b]``: row ``b``'s index in the batch the
+    call was given (rows that finish leave the active batch), which picks its logits processors.
     """
 
-    def __init__(self, tokens: torch.LongTensor, lengths: torch.LongTensor) -> None:
+    def __init__(self, tokens: torch.LongTensor, lengths: torch.LongTensor, owners: list[int] | None = None) -> None:
         self.tokens, self.lengths = tokens, lengths
         self._lengths = lengths.tolist()  # host copy: slicing with it costs no device sync
+        self.owners = list(range(len(self._lengths))) if owners is None else list(owners)
 
     @classmethod
     def from_list(cls, rows: list[torch.LongTensor]) -> "Rows":
@@ -81,6 +92,10 @@ class Rows:
 
     def __iter__(self) -> Iterator[torch.LongTensor]:
         return (self[b] for b in range(len(self)))
+
+    def contexts(self) -> list[RowContext]:
+        """``(owner, row)`` per row: what :meth:`RowProcessors.apply` takes for the rows as they stand."""
+        return list(zip(self.owners, self))
 
     def length(self, b: int) -> int:
         """Length of row ``b`` (left padding included), without a device sync."""

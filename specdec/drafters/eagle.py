@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
 from specdec.drafters.model import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
@@ -94,16 +95,16 @@ class EagleDrafter(Drafter):
         with torch.no_grad():
             out = self._feed_pending(rows)
             self._committed = self._cache.lengths.clone()
-            ids, tokens, probs = list(rows), [], []
+            ids, tokens, probs = rows.contexts(), [], []
             for i in range(k):
                 logits = self.head.logits(out[:, -1])
                 if ctx.do_sample or ctx.processors:
                     scores = processed_scores(self._full_vocab(logits), ids, ctx)
-                    p = torch.softmax(scores, dim=-1)
+                    p = draft_distribution(scores)
                     token = torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1) if ctx.do_sample else scores.argmax(-1)
                     if ctx.do_sample:
                         probs.append(p)
-                    ids = [torch.cat([row, t.view(1)]) for row, t in zip(ids, token)]
+                    ids = [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(ids, token)]
                 else:
                     token = self.head.to_target(logits.argmax(dim=-1))
                 tokens.append(token)

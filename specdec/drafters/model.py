@@ -8,7 +8,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
+from specdec.processing import RowContext
 from specdec.trees.build import TreeShape, grow_tree
 from specdec.trees.tree import DraftTree
 from specdec.verifiers.hf import CausalLMRunner, shares_kv_layout
@@ -78,18 +80,17 @@ def check_vocab_compat(
         )
 
 
-def processed_scores(logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
+def processed_scores(logits: torch.Tensor, contexts: list[RowContext], ctx: DraftContext) -> torch.Tensor:
     """Draft logits ``[B, V']`` as the verifier will judge them: fitted to its vocabulary (ids past it
-    dropped, missing ones -inf) and through the call's logits processors with each row's context."""
+    dropped, missing ones -inf) and through the call's logits processors, entry ``b`` with
+    ``contexts[b] = (row owner, context)`` (:meth:`Rows.contexts`)."""
     logits = logits.float()
     vocab = ctx.vocab_size or logits.shape[-1]
     if logits.shape[-1] > vocab:  # padded head: ids past the verifier's vocabulary do not exist
         logits = logits[..., :vocab]
     elif logits.shape[-1] < vocab:
         logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
-    if not ctx.processors:
-        return logits
-    return torch.cat([ctx.processors(row.unsqueeze(0), logits[b : b + 1]) for b, row in enumerate(rows)])
+    return ctx.processors.apply(contexts, logits)
 
 
 class ModelDrafter(Drafter):
@@ -152,8 +153,8 @@ class ModelDrafter(Drafter):
         self._fed = [input_ids.shape[1]] * input_ids.shape[0]
         self._drafts_fed = None
 
-    def _scores(self, logits: torch.Tensor, rows: list[torch.Tensor], ctx: DraftContext) -> torch.Tensor:
-        return processed_scores(logits, rows, ctx)
+    def _scores(self, logits: torch.Tensor, contexts: list[RowContext], ctx: DraftContext) -> torch.Tensor:
+        return processed_scores(logits, contexts, ctx)
 
     def _catch_up(self, rows: Rows) -> torch.Tensor:
         """Feed what each row committed since our last forward (left-aligned with filler); last logits."""
@@ -173,10 +174,10 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
         logits = self._catch_up(rows)
-        ids, tokens, probs, fed = list(rows), [], [], 0
+        ids, tokens, probs, fed = rows.contexts(), [], [], 0
         for i in range(k):
             scores = self._scores(logits, ids, ctx)
-            p = torch.softmax(scores, dim=-1) if ctx.do_sample or self.confidence_threshold else None
+            p = draft_distribution(scores) if ctx.do_sample or self.confidence_threshold else None
             if ctx.do_sample:
                 token = torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1)
                 probs.append(p)
@@ -184,7 +185,7 @@ class ModelDrafter(Drafter):
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             if ctx.processors:  # processors read the context: extend each row by its draft
-                ids = [torch.cat([row, t.view(1)]) for row, t in zip(ids, token)]
+                ids = [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(ids, token)]
             # An unsure drafter is likely wrong: stop and let the verifier speak (keep >= 1 draft).
             if self.confidence_threshold and bool((p.max(dim=-1).values < self.confidence_threshold).all()):
                 break

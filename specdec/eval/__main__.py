@@ -159,9 +159,11 @@ def run_eval(args: argparse.Namespace) -> int:
     from specdec.eval.config import EvalConfig
     from specdec.eval.records import OutputDirError, ResumeError
     from specdec.eval.runner import run_eval as evaluate_model
+    from specdec.heads.checkpoint import HeadLoadError
     from specdec.models import ModelNotFoundError, load_model
     from specdec.prompts import DatasetError, default_dataset, load_prompts
     from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
+    from specdec.verifiers import UnsupportedModelError
 
     dataset = args.dataset or default_dataset()
     if dataset is None:
@@ -199,8 +201,10 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         report = evaluate_model(model, tokenizer, prompts, config)
     except (ResumeError, OutputDirError, DraftSpecError, UnknownSchemeError, UnsupportedSchemeError,
-            VocabularyMismatchError, ModelNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+            VocabularyMismatchError, ModelNotFoundError, HeadLoadError, UnsupportedModelError) as err:
+        # a drafter or tree the model cannot use (no shipped head, a missing head directory, a sliding-window
+        # model with --tree): one line, like every other error here
+        raise SystemExit(f"error: {' '.join(str(err).splitlines())}") from None
     if state.is_main_process:
         print(report.markdown())
         _log(f"wrote {args.out}/summary.json, report.md, records*.jsonl and plots")

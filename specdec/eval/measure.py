@@ -358,6 +358,14 @@ def build_runners(
     return runners
 
 
+def measure_tree_costs(runners: Mapping[str, Runner]) -> None:
+    """Measure the verifier cost curve of every ``tree=auto`` method now (once per :class:`~specdec.SpeculativeModel`),
+    so that no timed call pays for it, warm-up or not."""
+    specs = {id(r.spec): r.spec for r in runners.values() if r.spec is not None}
+    for spec in specs.values():
+        spec.measure_tree_cost()
+
+
 def prime_drafters(runners: Mapping[str, Runner]) -> None:
     """Compile every specdec drafter of ``runners`` for each input shape class now, not inside a timed call."""
     drafters = {id(r.spec.drafter): r.spec.drafter for r in runners.values() if r.spec is not None}

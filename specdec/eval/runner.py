@@ -21,7 +21,14 @@ from typing import Any, Iterable, Mapping, Sequence
 import torch
 
 from specdec.eval.config import EvalConfig
-from specdec.eval.measure import WARMUP_TOKENS, CompiledRunner, build_runners, prime_drafters, restore_compile_state
+from specdec.eval.measure import (
+    WARMUP_TOKENS,
+    CompiledRunner,
+    build_runners,
+    measure_tree_costs,
+    prime_drafters,
+    restore_compile_state,
+)
 from specdec.eval.methods import (
     HF,
     HF_ASSISTED,
@@ -161,6 +168,7 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     device = getattr(model, "device", torch.device("cpu"))
     encoded = [encode_batch(tokenizer, [p.text for _, p in batch], config.chat, device) for batch, _ in todo]
     warm_seed = config.seed if config.do_sample else None
+    measure_tree_costs(runners)  # tree=auto's cost curve: measured here, warm-up or not, never inside a timed call
 
     compiled = runners.get(HF_COMPILED)
     if isinstance(compiled, CompiledRunner):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -12,6 +14,8 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="the verifier: 'smollm2' (embedded) or a local directory / .gguf")
     p.add_argument("--data", required=True, help="a .jsonl file or a directory of them: {'id', 'group', 'prompt'} per line")
     p.add_argument("--out", required=True, help="directory for the head (work files go to OUT/work; rerun to resume)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh: delete what an earlier run wrote in OUT (a rerun with other settings is refused without it)")
     p.add_argument("--kind", choices=("eagle3", "eagle"), default="eagle3", help="head layout to train (default eagle3)")
     p.add_argument("--per-group", type=int, default=350, help="at most this many prompts per group (0: all)")
     p.add_argument("--self-prompts", type=int, default=250, help="prompts the verifier writes itself (0: none)")
@@ -31,46 +35,94 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
 
+def _error(message: str) -> int:
+    """One line on stderr, as the other specdec commands print theirs; exit status 2."""
+    print(f"specdec train-head: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _check_numbers(args: argparse.Namespace) -> str | None:
+    """What is wrong with the numeric options, in one line (None: nothing)."""
+    for name in ("per_group", "self_prompts", "max_new_tokens", "gen_batch", "batch_tokens", "save_every", "ttt_steps",
+                 "eval_prompts", "draft_vocab"):
+        value, flag = getattr(args, name), "--" + name.replace("_", "-")
+        if value < 0 or (value == 0 and name not in ("per_group", "self_prompts", "eval_prompts", "draft_vocab")):
+            zero = {"per_group": " (0: all)", "self_prompts": " (0: none)", "draft_vocab": " (0: the full vocabulary)",
+                    "eval_prompts": ""}
+            return f"{flag} must be {'>= 0' + zero[name] if name in zero else 'positive'}, got {value}"
+    if not 0 < args.heldout < 1:
+        return f"--heldout must be in (0, 1), got {args.heldout:g}"
+    if not args.epochs > 0 or not args.lr > 0:
+        return f"--epochs and --lr must be positive, got {args.epochs:g} and {args.lr:g}"
+    return None
+
+
+def _check_out(out: Path) -> str | None:
+    """Why ``--out`` cannot be a directory this run writes to (None: it can); leaves nothing behind."""
+    if out.exists() and not out.is_dir():
+        return f"--out {str(out)!r} is a file, not a directory"
+    probe = out
+    while not probe.exists():  # the nearest existing ancestor is where the directory would be made
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"cannot create --out {str(out)!r}: {str(probe)!r} is a file, not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".specdec-probe-", dir=probe))
+    except OSError as e:
+        return f"cannot write to --out {str(out)!r}: {str(probe)!r} is not writable ({e.strerror or e})"
+    return None
+
+
 def run_train_head(args: argparse.Namespace) -> int:
+    """``specdec train-head``: every check that needs no model first (one-line errors, exit status 2), then
+    the pipeline under the lock of ``--out``."""
     import torch
 
-    from specdec.heads.pipeline import PipelineConfig, run_pipeline
-    from specdec.heads.prompts import TrainDataError, read_train_prompts
+    from specdec.heads.pipeline import PipelineConfig, check_settings, lock_out, run_pipeline, stage_settings
+    from specdec.heads.prompts import TrainHeadError, balance, read_train_prompts
     from specdec.heads.train import TrainConfig
-    from specdec.models import ModelNotFoundError, load_model, resolve_model_source
+    from specdec.models import ModelNotFoundError, resolve_model_source
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        print(f"specdec train-head: error: --out {args.out!r} is a file, not a directory", file=sys.stderr)
-        return 2
-    for name in ("per_group", "self_prompts", "max_new_tokens", "gen_batch", "batch_tokens", "save_every"):
-        if getattr(args, name) < 0 or (name not in ("per_group", "self_prompts") and getattr(args, name) == 0):
-            print(f"specdec train-head: error: --{name.replace('_', '-')} must be positive", file=sys.stderr)
-            return 2
-    if not 0 < args.heldout < 1 or args.epochs <= 0:
-        print("specdec train-head: error: --heldout must be in (0, 1) and --epochs positive", file=sys.stderr)
-        return 2
+    out = Path(args.out).expanduser()
+    problem = _check_numbers(args) or _check_out(out)
+    if problem:
+        return _error(problem)
     try:
-        read_train_prompts(args.data)  # a bad data path fails before the model loads
+        prompts = read_train_prompts(args.data)  # a bad data path fails before the model loads
         resolve_model_source(args.model)
-    except (TrainDataError, ModelNotFoundError) as e:
-        print(f"specdec train-head: error: {e}", file=sys.stderr)
-        return 2
-    from accelerate import PartialState
-
-    # under `accelerate launch` each process takes its own GPU
-    device = args.device or (str(PartialState().device) if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(args.model, device=device)
+    except (TrainHeadError, ModelNotFoundError) as e:
+        return _error(str(e))
+    usable = len(balance(prompts, args.per_group or None, seed=args.seed)) + args.self_prompts
+    if usable < 2:
+        return _error(f"{args.data} gives {usable} prompt(s) (with --self-prompts {args.self_prompts}): training needs "
+                      "at least 2, one of them held out to measure the head; add prompts or --self-prompts")
     config = PipelineConfig(
         per_group=args.per_group or None, self_prompts=args.self_prompts, max_new_tokens=args.max_new_tokens,
         gen_batch=args.gen_batch, heldout=args.heldout, eval_prompts=args.eval_prompts,
         train=TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab or None, epochs=args.epochs,
                           batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, seed=args.seed,
                           save_every=args.save_every, mixed_precision=args.mixed_precision))
-    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else print
-    command = "specdec " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["train-head"] else ""
-    result = run_pipeline(model, tokenizer, args.data, out, config, model_name=args.model, command=command,
-                          progress=not args.json, log=log)
+    from accelerate import PartialState
+
+    import specdec.models
+
+    state = PartialState()
+    try:
+        # taken before the model loads, so a second run into the same --out stops at once
+        with lock_out(out, enabled=state.is_main_process):
+            if not args.overwrite:  # settings that differ without the model's identity: refused before it loads
+                check_settings(out, stage_settings(config, prompts, args.model))
+            # under `accelerate launch` each process takes its own GPU
+            device = args.device or (str(state.device) if torch.cuda.is_available() else "cpu")
+            model, tokenizer = specdec.models.load_model(args.model, device=device)
+            log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else print
+            command = "specdec " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["train-head"] else ""
+            result = run_pipeline(model, tokenizer, args.data, out, config, model_name=args.model, command=command,
+                                  progress=not args.json, log=log, overwrite=args.overwrite)
+    except TrainHeadError as e:
+        return _error(str(e))
+    if not result:  # not the main process of an `accelerate launch`: the main one reports
+        return 0
     if args.json:
         print(json.dumps(result))
     else:

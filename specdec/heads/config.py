@@ -12,10 +12,43 @@ reads ``cat(input_layernorm(embed), hidden_norm(h))`` (q/k/v of width 2H), a fin
 
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 KINDS = ("eagle", "eagle3")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    # bool is an int to Python, but `"vocab_size": true` is a broken config, not a vocabulary of one
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _is_index(value: Any) -> bool:
+    """An integer layer number (numpy and torch integers too), not a bool, float or string."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def aux_layer_ids(data: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The verifier layers a config.json names for an EAGLE-3 head (``eagle_config.eagle_aux_hidden_state_layer_ids``
+    or the same key at the top level), or ``None``; a ``ValueError`` when the entry is not a list."""
+    eagle = data.get("eagle_config") or {}
+    if not isinstance(eagle, dict):
+        raise ValueError(f"eagle_config must be an object, got {eagle!r}")
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or data.get("eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        return None
+    if not isinstance(ids, list):
+        raise ValueError(f"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, got {ids!r}")
+    return tuple(ids)
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -49,10 +82,50 @@ class HeadConfig:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"head kind must be one of {KINDS}, got {self.kind!r}")
+        self.validate()
         self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
         self.target_hidden_size = self.target_hidden_size or self.hidden_size
         self.draft_vocab_size = self.draft_vocab_size or self.vocab_size
-        self.aux_layers = tuple(int(i) for i in self.aux_layers)
+        self.aux_layers = tuple(operator.index(i) for i in self.aux_layers)
+
+    def validate(self) -> None:
+        """Refuse values no head can be built from (a ``ValueError`` naming the field), so a bad config.json
+        fails here, in one line, rather than inside torch or transformers' config validation."""
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                     "num_hidden_layers", "max_position_embeddings"):
+            _positive_int(name, getattr(self, name))
+        for name in ("head_dim", "draft_vocab_size", "target_hidden_size"):
+            if getattr(self, name) is not None:
+                _positive_int(name, getattr(self, name))
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+                    or (name == "rope_theta" and value == 0):
+                raise ValueError(f"{name} must be a {'positive' if name == 'rope_theta' else 'non-negative'} number, "
+                                 f"got {value!r}")
+        from transformers.activations import ACT2FN
+
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not an activation transformers knows")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"rope_scaling must be an object, got {self.rope_scaling!r}")
+        if not isinstance(self.norm_before_residual, bool):
+            raise ValueError(f"norm_before_residual must be true or false, got {self.norm_before_residual!r}")
+        if not isinstance(self.aux_layers, (list, tuple)) or any(not _is_index(i) for i in self.aux_layers):
+            raise ValueError(f"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, "
+                             f"got {self.aux_layers!r}")
+        if self.kind == "eagle3" and not self.aux_layers:
+            raise ValueError("eagle_aux_hidden_state_layer_ids is empty: an EAGLE-3 head reads at least one layer")
+        # transformers' Llama layer (norms, MLP, rotary) requires it, head_dim given or not
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} does not divide hidden_size "
+                             f"{self.hidden_size}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads "
+                             f"{self.num_attention_heads} (grouped-query attention shares each key head evenly)")
+        head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        if head_dim % 2:
+            raise ValueError(f"head_dim {head_dim} is odd: rotary embeddings rotate pairs of channels")
 
     @classmethod
     def for_verifier(cls, verifier_config: Any, kind: str = "eagle3", draft_vocab_size: int | None = None) -> "HeadConfig":
@@ -109,15 +182,20 @@ class HeadConfig:
                  "head_dim", "num_hidden_layers", "rms_norm_eps", "rope_theta", "rope_scaling",
                  "max_position_embeddings", "hidden_act", "draft_vocab_size", "target_hidden_size",
                  "norm_before_residual"}
+        if not isinstance(data, dict):
+            raise ValueError(f"must hold a JSON object, not {type(data).__name__}")
         missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in data]
         if missing:
-            raise ValueError(f"head config.json lacks {', '.join(missing)}")
+            raise ValueError(f"lacks {', '.join(missing)}")
         kwargs = {k: data[k] for k in known if data.get(k) is not None}
+        kwargs.setdefault("num_key_value_heads", kwargs["num_attention_heads"])  # Llama's default: no grouping
         rope = data.get("rope_parameters") or {}
+        if not isinstance(rope, dict):
+            raise ValueError(f"rope_parameters must be an object, got {rope!r}")
         if "rope_theta" not in kwargs and "rope_theta" in rope:
             kwargs["rope_theta"] = rope["rope_theta"]
-        aux = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or data.get("eagle_aux_hidden_state_layer_ids")
+        aux = aux_layer_ids(data)
         if kind == "eagle3":
-            kwargs["aux_layers"] = tuple(aux) if aux else default_aux_layers(num_verifier_layers)
+            kwargs["aux_layers"] = aux if aux else default_aux_layers(num_verifier_layers)
         extra = {k: v for k, v in data.items() if k not in known and k not in ("architectures", "model_type")}
         return cls(kind=kind, extra=extra, **kwargs)

@@ -1,7 +1,9 @@
 """Self-distillation data: the verifier writes the responses a draft head learns from.
 
 Everything is appended to JSON Lines files one batch at a time, so an interrupted run resumes where it
-stopped (rows already on disk are skipped; a torn last line is dropped).
+stopped (rows already on disk are skipped; a torn or broken line is dropped and its row made again, and a
+row written twice is kept once). A row whose prompt encodes differently now (edited data, another
+tokenizer) is refused rather than trusted.
 """
 
 from __future__ import annotations
@@ -13,29 +15,63 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm.auto import tqdm
 
-from specdec.heads.prompts import TrainPrompt, build_self_written, self_written_requests
+from specdec.heads.prompts import TrainHeadError, TrainPrompt, build_self_written, self_written_requests
 from specdec.prompts import encode_prompt
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSON Lines file written by this module; a torn last line (an interrupted write) is dropped."""
+    """Rows of a JSON Lines file written by this module, the first of each id.
+
+    Lines that are not a JSON object with an id (a torn write, interleaved writes of an older unlocked
+    run) are dropped: their rows are simply made again.
+    """
+    return _read_rows(path)[0]
+
+
+def _read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
+    """``(rows, clean)``: the first row of each id, and whether the file held nothing else."""
     if not path.is_file():
-        return []
-    rows, lines = [], [l for l in path.read_text(encoding="utf-8").split("\n") if l.strip()]
-    for number, line in enumerate(lines):
+        return [], True
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    clean = True
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            if number != len(lines) - 1:
-                raise ValueError(f"{path}:{number + 1} is not JSON; delete the file to regenerate it") from None
-    return rows
+            clean = False
+            continue
+        if not isinstance(row, dict) or "id" not in row or row["id"] in seen:
+            clean = False
+            continue
+        seen.add(row["id"])
+        rows.append(row)
+    return rows, clean
 
 
 def _rewrite_clean(path: Path, rows: list[dict[str, Any]]) -> None:
     """Rewrite ``path`` with only its complete rows (after a torn write), atomically."""
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     tmp.replace(path)
+
+
+def _end_line(path: Path) -> None:
+    """A torn last line gets its end, so the next row appended starts on a line of its own."""
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def _check_prompt(out: Path, row: dict[str, Any], ids: list[int]) -> None:
+    """Refuse a recorded response to other prompt tokens than this run's under the same id."""
+    if "prompt_ids" in row and row["prompt_ids"] != ids:
+        raise TrainHeadError(f"{out} holds a response to another prompt under id {row['id']!r} (edited --data, or "
+                             "another tokenizer or chat template); use --overwrite to start afresh")
 
 
 def _generate(model: Any, tokenizer: Any, rows: list[torch.Tensor], max_new_tokens: int, do_sample: bool,
@@ -71,14 +107,20 @@ def _batched(model: Any, tokenizer: Any, items: list[dict[str, Any]], out: Path,
              do_sample: bool, temperature: float, desc: str, progress: bool) -> list[dict[str, Any]]:
     """Generate for every item whose id is not in ``out`` yet, in batches of similar prompt length, appending
     ``finish(item, response_ids, prompt_ids)`` rows (``None``: skip the item, but remember it was done)."""
-    done = read_jsonl(out)
-    if out.is_file():
+    done, clean = _read_rows(out)
+    if not clean:
         _rewrite_clean(out, done)
-    else:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    seen = {r["id"] for r in done}
-    todo = [(item, encode(item)) for item in items if item["id"] not in seen]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    seen = {r["id"]: r for r in done}
+    todo = []
+    for item in items:
+        ids = encode(item)
+        if item["id"] in seen:
+            _check_prompt(out, seen[item["id"]], ids.tolist())
+        else:
+            todo.append((item, ids))
     todo.sort(key=lambda pair: len(pair[1]))  # similar lengths share a batch: less padding
+    _end_line(out)
     with out.open("a", encoding="utf-8") as f, tqdm(total=len(todo), desc=desc, disable=not progress) as bar:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start:start + batch_size]
@@ -119,16 +161,25 @@ def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Pat
     items = [p.to_json() for p in prompts]
     given = [p for p in items if p.get("response")]
     if given:
-        done = {r["id"] for r in read_jsonl(out)}
+        done, clean = _read_rows(out)
+        if not clean:
+            _rewrite_clean(out, done)
+        recorded = {r["id"]: r for r in done}
         out.parent.mkdir(parents=True, exist_ok=True)
         eos = _eos_ids(model, tokenizer)[:1]
+        _end_line(out)
         with out.open("a", encoding="utf-8") as f:
             for p in given:
-                if p["id"] not in done:
-                    response = tokenizer(p["response"], add_special_tokens=False)["input_ids"] + eos
-                    f.write(json.dumps({**{k: p[k] for k in ("id", "group", "source", "license")},
-                                        "prompt_ids": encode_prompt(tokenizer, p["prompt"])[0].tolist(),
-                                        "response_ids": response}) + "\n")
+                prompt_ids = encode_prompt(tokenizer, p["prompt"])[0].tolist()
+                response = tokenizer(p["response"], add_special_tokens=False)["input_ids"] + eos
+                if p["id"] in recorded:
+                    _check_prompt(out, recorded[p["id"]], prompt_ids)
+                    if recorded[p["id"]].get("response_ids") != response:
+                        raise TrainHeadError(f"{out} holds another response under id {p['id']!r} (edited --data); "
+                                             "use --overwrite to start afresh")
+                    continue
+                f.write(json.dumps({**{k: p[k] for k in ("id", "group", "source", "license")},
+                                    "prompt_ids": prompt_ids, "response_ids": response}) + "\n")
         items = [p for p in items if not p.get("response")]
 
     def finish(item: dict, response: list[int], ids: torch.Tensor) -> dict:

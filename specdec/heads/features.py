@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from specdec.heads.prompts import TrainHeadError, write_atomic
+
 FEATURE_DTYPE = torch.bfloat16  # range of fp32 (hidden states have outliers), half the bytes
 
 
@@ -27,16 +29,25 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
     """Run the verifier over prompt + response of every sample and write the features it reads.
 
     Existing shards are kept (resume), provided ``index.json`` says they were made from the same samples
-    and layers; otherwise a clear error asks for a fresh directory.
+    and layers; otherwise a one-line :class:`~specdec.heads.prompts.TrainHeadError`. An index that cannot be
+    read says nothing about its shards: they are computed again.
     """
     from safetensors.torch import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
     index = {"layers": list(layers), "shard_samples": shard_samples, "samples": [s["id"] for s in samples]}
     index_path = directory / "index.json"
-    if index_path.is_file() and json.loads(index_path.read_text()) != index:
-        raise ValueError(f"{directory} holds features of other samples or layers; remove it to recompute them")
-    index_path.write_text(json.dumps(index))
+    if index_path.is_file():
+        try:
+            recorded = json.loads(index_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            recorded = None
+            for stale in directory.glob("features-*.safetensors"):
+                stale.unlink()
+        if recorded is not None and recorded != index:
+            what = "layers" if recorded.get("layers") != index["layers"] else "samples"
+            raise TrainHeadError(f"{directory} holds features of other {what}; use --overwrite to start afresh")
+    write_atomic(index_path, json.dumps(index))
     final_layer = model.config.get_text_config().num_hidden_layers
     shards = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
     paths = []
@@ -72,7 +83,7 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
             tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
             tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lengths.cumsum(0)])
             tensors["prompt_lengths"] = torch.tensor([len(s["prompt_ids"]) for s in shard], dtype=torch.long, device="cpu")
-            tmp = path.with_suffix(".tmp")
+            tmp = path.with_name(f".{path.name}.tmp")
             save_file(tensors, str(tmp))
             tmp.replace(path)  # a shard is either complete or absent
     return paths

@@ -5,16 +5,27 @@ responses (``samples.jsonl``); its features are cached (``features/``); the head
 (``checkpoints/``). The head is saved in ``OUT`` (EAGLE-3 layout: ``config.json``, ``model.safetensors``),
 with a model card (``README.md``) and ``training.json``; its acceptance on held-out prompts is measured
 with the real speculative loop.
+
+A rerun resumes every stage, and only a rerun that would make the same artifacts: each stage records the
+settings it was made with (``work/settings.json``: the verifier's identity, the data, lengths, kind, draft
+vocabulary, ...) when it starts, and a run with other settings is refused in one line naming the
+difference (``overwrite=True`` starts afresh). One run at a time: ``OUT/.train-head.lock`` is held while a
+run works (``flock``, by the main process under ``accelerate launch``). Every file is written whole or not
+at all (a temporary name, then a rename), so an interrupted run never leaves half a file a rerun trusts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
+import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -23,9 +34,30 @@ from specdec.heads.checkpoint import save_head
 from specdec.heads.config import HeadConfig
 from specdec.heads.distill import distill, write_self_prompts
 from specdec.heads.features import FeatureSet, extract_features
-from specdec.heads.prompts import balance, read_train_prompts
+from specdec.heads.prompts import TrainHeadError, TrainPrompt, balance, read_train_prompts, write_atomic
 from specdec.heads.shipped import fingerprint
 from specdec.heads.train import TrainConfig, train_head
+
+__all__ = ["LOCK_FILE", "SETTINGS_FILE", "PipelineConfig", "ResumeError", "OutLockedError", "TrainHeadError",
+           "check_settings", "clear_out", "heldout_acceptance", "lock_out", "run_pipeline", "stage_settings",
+           "verifier_identity"]
+
+#: held (``flock``) by the run working in ``OUT``; never deleted (deleting a lock file races)
+LOCK_FILE = ".train-head.lock"
+#: ``OUT/work/settings.json``: per stage, the settings its artifacts were made with
+SETTINGS_FILE = "settings.json"
+#: the head files ``train-head`` writes in ``OUT`` (``training.json`` last: a head with it is whole)
+HEAD_FILES = ("model.safetensors", "config.json", "README.md", "training.json")
+#: how the verifier writes its own prompts (fixed; recorded so that a change in a later version is seen)
+SELF_PROMPT_SAMPLING = {"do_sample": True, "temperature": 0.8, "max_new_tokens": 160}
+
+
+class ResumeError(TrainHeadError):
+    """``OUT`` holds artifacts made with other settings than this run's."""
+
+
+class OutLockedError(TrainHeadError):
+    """Another ``train-head`` run is working in ``OUT``."""
 
 
 @dataclass
@@ -47,31 +79,246 @@ def _log(message: str) -> None:
     print(message, flush=True)
 
 
+# --- one run at a time --------------------------------------------------------------------------------
+
+_HELD: dict[str, list[int]] = {}  # resolved OUT -> [lock fd, depth]: this process may take its own lock again
+
+
+@contextmanager
+def lock_out(out: str | Path, *, enabled: bool = True) -> Iterator[None]:
+    """Hold ``OUT/.train-head.lock`` (creating ``OUT``) for the block, or raise :class:`OutLockedError` at once
+    when another run holds it. Re-entrant within a process (the CLI takes it before the model loads, the
+    pipeline again). ``enabled=False`` (the other processes of an ``accelerate launch``) takes nothing."""
+    if not enabled:
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: nothing to take
+        yield
+        return
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    key = str(out.resolve())
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[key][1] -= 1
+        return
+    fd = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise OutLockedError(f"--out {out} is in use by another train-head run (it holds {out / LOCK_FILE}); "
+                             "wait for it to finish, or use another --out") from None
+    _HELD[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _HELD[key]
+        os.close(fd)  # closing releases the lock
+
+
+# --- what each stage was made with ----------------------------------------------------------------------
+
+def verifier_identity(model: Any, tokenizer: Any) -> str:
+    """A fingerprint of the verifier (16 hex digits): its config, the shapes and dtypes of its weights, a
+    sample of the weights themselves (so two models of the same shapes differ) and its tokenizer."""
+    h = hashlib.sha256()
+    skip = {"transformers_version", "use_cache", "output_hidden_states", "output_attentions", "return_dict", "dtype",
+            "torch_dtype", "architectures"}
+    config = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k not in skip}
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    params = list(model.named_parameters())
+    for name, p in params:
+        h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+    for name, p in {id(p): (n, p) for n, p in (params[:1] + params[len(params) // 2:][:1] + params[-1:])}.values():
+        sample = p.detach().reshape(-1)[:1 << 16].to("cpu").contiguous()
+        h.update(sample.view(torch.uint8).numpy().tobytes())
+    vocab = sorted(tokenizer.get_vocab().items()) if hasattr(tokenizer, "get_vocab") else []
+    h.update(json.dumps([vocab, getattr(tokenizer, "chat_template", None), tokenizer.eos_token_id,
+                         tokenizer.pad_token_id], default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def data_fingerprint(prompts: list[TrainPrompt]) -> str:
+    """What the samples are made from (ids, groups, text, given responses, sources, licenses): 16 hex digits."""
+    rows = [[p.id, p.group, p.prompt, p.response, p.source, p.license] for p in prompts]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
+def stage_settings(config: PipelineConfig, data: list[TrainPrompt], model_name: str,
+                   identity: str | None = None) -> dict[str, dict[str, Any]]:
+    """Per stage, every setting that changes what it writes (values as the command line spells them).
+    ``identity`` (:func:`verifier_identity`) is None before the model loads: then the verifier is not compared."""
+    t = config.train
+    model = {"name": model_name, "identity": identity}
+    stages: dict[str, dict[str, Any]] = {}
+    if config.self_prompts:
+        stages["self_prompts"] = {"model": model, "seed": t.seed, "self_prompt_sampling": SELF_PROMPT_SAMPLING}
+    stages["samples"] = {"model": model, "max_new_tokens": config.max_new_tokens, "decoding": "greedy"}
+    stages["features"] = {**stages["samples"], "data": data_fingerprint(data), "per_group": config.per_group or 0,
+                          "self_prompts": config.self_prompts, "seed": t.seed, "kind": t.kind}
+    training = {"heldout": config.heldout, "epochs": t.epochs, "batch_tokens": t.batch_tokens, "lr": t.lr,
+                "warmup": t.warmup, "grad_clip": t.grad_clip, "mixed_precision": t.mixed_precision}
+    if t.kind == "eagle3":  # an EAGLE head has neither
+        training.update(draft_vocab=t.draft_vocab or 0, ttt_steps=t.ttt_steps)
+    stages["training"] = {**stages["features"], **training}
+    return stages
+
+
+_FLAGS = {"self_prompt_sampling": "the self-prompt sampling", "decoding": "decoding", "warmup": "warmup",
+          "grad_clip": "gradient clipping"}
+
+
+def _difference(key: str, then: Any, now: Any) -> str | None:
+    """How a recorded setting differs from this run's, as the command line would say it; None: no difference."""
+    if key == "model":
+        if not isinstance(then, dict) or not isinstance(now, dict):
+            return None
+        if then.get("identity") is None or now.get("identity") is None or then["identity"] == now["identity"]:
+            return None
+        if then.get("name") != now.get("name"):
+            return f"--model {then.get('name')}, not {now.get('name')}"
+        return f"--model {then.get('name')} as it was then (its weights, config or tokenizer have changed since)"
+    if then == now:
+        return None
+    if key == "data":
+        return "other --data prompts (the data files changed since)"
+    flag = _FLAGS.get(key, "--" + key.replace("_", "-"))
+    return f"{flag} {then}, not {now}"
+
+
+def _read_settings(out: Path) -> dict[str, dict[str, Any]] | None:
+    path = out / "work" / SETTINGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ResumeError(f"{path} cannot be read: cannot tell what --out {out} was made with; "
+                          "use --overwrite to start afresh") from None
+    return recorded.get("stages", {}) if isinstance(recorded, dict) else {}
+
+
+def _has_artifacts(out: Path) -> bool:
+    work = out / "work"
+    return any((work / n).exists() for n in ("samples.jsonl", "self_prompts.jsonl", "features")) or \
+        (out / "checkpoints").is_dir()
+
+
+def check_settings(out: str | Path, stages: dict[str, dict[str, Any]]) -> None:
+    """Raise :class:`ResumeError` (one line naming every difference) unless each stage ``OUT`` holds was made
+    with the settings this run would make it with. Stages this run does not use are not compared."""
+    out = Path(out)
+    recorded = _read_settings(out) or {}
+    differ: list[str] = []
+    for stage, now in stages.items():
+        for key, value in now.items():
+            if key in recorded.get(stage, {}):
+                d = _difference(key, recorded[stage][key], value)
+                if d is not None and d not in differ:
+                    differ.append(d)
+    if differ:
+        raise ResumeError(f"--out {out} was made with {'; with '.join(differ)}; use --overwrite to start afresh")
+
+
+def _record_stage(out: Path, stage: str, settings: dict[str, Any]) -> None:
+    """Record a stage's settings before it writes anything (so its partial artifacts are described too)."""
+    recorded = _read_settings(out) or {}
+    recorded[stage] = settings
+    write_atomic(out / "work" / SETTINGS_FILE, json.dumps({"stages": recorded}, indent=1) + "\n")
+
+
+def clear_out(out: str | Path) -> None:
+    """Remove what ``train-head`` wrote in ``OUT`` (its own files only; the lock file stays), the settings
+    record last: an interrupted clear leaves artifacts still described by it, never unlabelled ones."""
+    out, work = Path(out), Path(out) / "work"
+    for name in HEAD_FILES[::-1]:
+        (out / name).unlink(missing_ok=True)
+    for tree in (out / "checkpoints", work / "features", out / ".head-tmp"):
+        shutil.rmtree(tree, ignore_errors=True)
+    for name in ("samples.jsonl", "self_prompts.jsonl", "timing.json"):
+        (work / name).unlink(missing_ok=True)
+    for stale in work.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+    (work / SETTINGS_FILE).unlink(missing_ok=True)
+
+
+def _save_head_whole(head: Any, out: Path, card: str, extra: dict[str, Any], record: dict[str, Any]) -> None:
+    """The head files replaced each at once, ``training.json`` (the mark of a whole head) removed first and
+    written last: an interrupted save leaves the earlier head whole, or no ``training.json``."""
+    tmp = out / ".head-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_head(head, tmp, card=card, extra_config=extra)
+    write_atomic(tmp / "training.json", json.dumps(record, indent=2) + "\n")
+    (out / "training.json").unlink(missing_ok=True)
+    for name in HEAD_FILES:
+        if (tmp / name).is_file():
+            os.replace(tmp / name, out / name)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- the pipeline -------------------------------------------------------------------------------------
+
 def run_pipeline(model: Any, tokenizer: Any, data: str | Path, out: str | Path, config: PipelineConfig, *,
-                 model_name: str = "", command: str = "", progress: bool = True, log: Any = _log) -> dict[str, Any]:
+                 model_name: str = "", command: str = "", progress: bool = True, log: Any = _log,
+                 overwrite: bool = False) -> dict[str, Any]:
     """Build a draft head for ``model`` from the prompts in ``data``; returns the contract summary
-    (``out``, ``samples``, ``tokens``, ``steps``, ``seconds``, ``heldout_acceptance``, ``mean_accepted_length``)."""
+    (``out``, ``samples``, ``tokens``, ``steps``, ``seconds``, ``heldout_acceptance``, ``mean_accepted_length``).
+
+    Resumes what ``out`` holds when it was made with the same settings, else raises :class:`ResumeError`
+    (``overwrite``: start afresh); :class:`OutLockedError` when another run works in ``out``."""
     from accelerate import PartialState
 
-    out = Path(out)
-    work = out / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
     state = PartialState()
+    with lock_out(out, enabled=state.is_main_process):
+        return _run(model, tokenizer, data, Path(out), config, state, model_name=model_name, command=command,
+                    progress=progress, log=log, overwrite=overwrite)
+
+
+def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: PipelineConfig, state: Any, *,
+         model_name: str, command: str, progress: bool, log: Any, overwrite: bool) -> dict[str, Any]:
+    work = out / "work"
+    started = time.perf_counter()
+    data_prompts = read_train_prompts(data)
+    settings = stage_settings(config, data_prompts, model_name, verifier_identity(model, tokenizer))
+    if overwrite and state.is_main_process:
+        clear_out(out)
+    state.wait_for_everyone()
+    check_settings(out, settings)
+    work.mkdir(parents=True, exist_ok=True)
+    if state.is_main_process and _read_settings(out) is None and _has_artifacts(out):
+        log(f"notice: {out} has no record of the settings it was made with (an older specdec); "
+            "resuming it as made with this run's")
+
+    def record_stage(stage: str) -> None:
+        if state.is_main_process:
+            _record_stage(out, stage, settings[stage])
+
     # under `accelerate launch`, the main process writes the data and features; the others then find them done
     with state.main_process_first():
-        prompts = balance(read_train_prompts(data), config.per_group, seed=config.train.seed)
+        prompts = balance(data_prompts, config.per_group, seed=config.train.seed)
         if config.self_prompts:
+            record_stage("self_prompts")
             prompts += write_self_prompts(model, tokenizer, config.self_prompts, work / "self_prompts.jsonl",
-                                          seed=config.train.seed, batch_size=config.gen_batch, progress=progress)
+                                          seed=config.train.seed, batch_size=config.gen_batch,
+                                          max_new_tokens=SELF_PROMPT_SAMPLING["max_new_tokens"], progress=progress)
+        record_stage("samples")
         samples = distill(model, tokenizer, prompts, work / "samples.jsonl", batch_size=config.gen_batch,
                           max_new_tokens=config.max_new_tokens, progress=progress)
         if len(samples) < 2:
-            raise ValueError(f"only {len(samples)} usable samples in {data}: a head needs more training data")
+            raise TrainHeadError(f"only {len(samples)} usable sample(s) from {data}: a head needs at least 2 "
+                                 "(one is held out to measure it); add prompts or --self-prompts")
         generated = time.perf_counter()
         head_config = HeadConfig.for_verifier(model.config, config.train.kind, draft_vocab_size=None)
         layers = head_config.aux_layers if head_config.kind == "eagle3" else (model.config.get_text_config().num_hidden_layers,)
+        record_stage("features")
         paths = extract_features(model, samples, work / "features", layers, progress=progress)
+        record_stage("training")
     features = FeatureSet(paths)
     featured = time.perf_counter()
     order = list(range(len(samples)))
@@ -97,17 +344,21 @@ def run_pipeline(model: Any, tokenizer: Any, data: str | Path, out: str | Path, 
               "heldout_samples": len(held), "eval_k": config.eval_k, "model": model_name,
               "sources": _sources(samples, train_idx)}
     extra = {"specdec_verifier": {**fingerprint(model.config), "name": model_name}}
-    save_head(head, out, card=model_card(record, head.config), extra_config=extra)
-    (out / "training.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    _save_head_whole(head, out, model_card(record, head.config), extra, record)
     return result
 
 
 def _add_stage_times(path: Path, seconds: dict[str, float]) -> dict[str, float]:
-    """Seconds per stage summed over every run of this ``OUT`` (a resumed stage adds what it did)."""
-    total = json.loads(path.read_text()) if path.is_file() else {}
+    """Seconds per stage summed over every run of this ``OUT`` (a resumed stage adds what it did); a file
+    an older run left unreadable starts the sums again."""
+    try:
+        total = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        total = {}
+    total = total if isinstance(total, dict) else {}
     for stage, value in seconds.items():
-        total[stage] = round(total.get(stage, 0.0) + value, 1)
-    path.write_text(json.dumps(total))
+        total[stage] = round(float(total.get(stage, 0.0)) + value, 1)
+    write_atomic(path, json.dumps(total))
     return total
 
 

@@ -9,12 +9,14 @@ must never be used here.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec.prompts.files import PromptFileError, read_prompt_text
 
 
 @dataclass
@@ -32,8 +34,34 @@ class TrainPrompt:
         return asdict(self)
 
 
-class TrainDataError(ValueError):
+class TrainHeadError(ValueError):
+    """A ``train-head`` problem the command line reports in one line (bad data, a stale or busy ``--out``)."""
+
+
+class TrainDataError(TrainHeadError):
     """Training data that cannot be used; the message names the file and the problem."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, then one rename (an interrupted run
+    leaves the old file or none, never half of one, for a rerun to trust)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_text(file: Path) -> str:
+    """A data file's text; unreadable or invalid UTF-8 is a :class:`TrainDataError` naming the file, line and byte."""
+    try:
+        return read_prompt_text(file)
+    except PromptFileError as e:
+        raise TrainDataError(f"{e}; save the file as UTF-8" if "UTF-8" in str(e) else str(e)) from None
 
 
 def _license_table(directory: Path) -> dict[str, tuple[str, str]]:
@@ -42,7 +70,7 @@ def _license_table(directory: Path) -> dict[str, tuple[str, str]]:
     table: dict[str, tuple[str, str]] = {}
     if not readme.is_file():
         return table
-    for line in readme.read_text(encoding="utf-8").splitlines():
+    for line in _read_text(readme).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 4 and cells[0].endswith(".jsonl"):
             table[cells[0]] = (re.sub(r"\s+", " ", cells[2]), cells[3])
@@ -61,7 +89,7 @@ def read_train_prompts(data: str | Path) -> list[TrainPrompt]:
     prompts: list[TrainPrompt] = []
     for file in files:
         source, license_ = licenses.get(file.name, (file.name, "unknown (no README table entry)"))
-        for number, line in enumerate(file.read_text(encoding="utf-8").split("\n"), 1):
+        for number, line in enumerate(_read_text(file).split("\n"), 1):
             if not line.strip():
                 continue
             try:

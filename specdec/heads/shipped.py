@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from specdec.heads.checkpoint import HeadLoadError
+from specdec.heads.checkpoint import HeadLoadError, read_config
 
 SHIPPED_DIR = Path(__file__).with_name("weights")
 #: the verifier config fields a shipped head records under ``specdec_verifier`` and must match
@@ -29,8 +28,8 @@ def shipped_head(verifier: Any) -> Path:
     """The shipped head trained for ``verifier``, or a :class:`HeadLoadError` saying how to get one."""
     want = fingerprint(verifier.config)
     for directory in shipped_heads():
-        recorded = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("specdec_verifier", {})
-        if all(recorded.get(k) == v for k, v in want.items()):
+        recorded = read_config(directory / "config.json").get("specdec_verifier") or {}  # a broken file: HeadLoadError
+        if isinstance(recorded, dict) and all(recorded.get(k) == v for k, v in want.items()):
             return directory
     names = ", ".join(p.name for p in shipped_heads()) or "none"
     raise HeadLoadError(

@@ -7,14 +7,18 @@ feature regression (smooth L1) plus 0.1 x soft cross-entropy. Targets are the ve
 over the draft vocabulary; positions whose greedy token is outside it carry no loss (as in EAGLE-3).
 
 Runs under ``accelerate`` (``accelerate launch`` for several processes or GPUs, mixed precision), and the
-same code on one CPU. Checkpoints every ``save_every`` steps; a rerun resumes from the newest.
+same code on one CPU. Checkpoints every ``save_every`` steps; a rerun resumes from the newest complete one.
+A checkpoint is written under a temporary name and renamed when whole, so an interrupted save leaves no
+``step-N`` directory; an incomplete one (from an older specdec) is skipped with a notice.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -200,9 +204,64 @@ class _WithLoss(nn.Module):
         return head_loss(self.head, batch, embed, target_head, self.ttt_steps)
 
 
-def _latest_checkpoint(directory: Path) -> Path | None:
-    found = sorted(directory.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-    return found[-1] if found else None
+_STEP = re.compile(r"step-(\d+)")
+#: files ``accelerator.save_state`` writes for one model and one optimizer, besides our ``trainer.json``
+_MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def _trainer_state(path: Path) -> dict[str, Any] | None:
+    """``trainer.json`` of a checkpoint, or None when the checkpoint is not whole."""
+    if not (path / "optimizer.bin").is_file() or not (path / "optimizer.bin").stat().st_size:
+        return None
+    if not any((path / name).is_file() and (path / name).stat().st_size for name in _MODEL_FILES):
+        return None
+    try:
+        state = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("step"), int) else None
+
+
+def _checkpoints(directory: Path) -> list[Path]:
+    """The ``step-N`` directories, oldest first."""
+    found = [p for p in directory.glob("step-*") if p.is_dir() and _STEP.fullmatch(p.name)]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def _latest_checkpoint(directory: Path, log: Any = print, *, remove: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """The newest whole checkpoint and its trainer state; incomplete ones are skipped with a notice (and
+    deleted with ``remove``: only the main process does, the others just skip them)."""
+    for path in reversed(_checkpoints(directory)):
+        state = _trainer_state(path)
+        if state is not None:
+            return path, state
+        log(f"notice: skipping incomplete checkpoint {path} (a save was interrupted){'; removed' if remove else ''}")
+        if remove:
+            shutil.rmtree(path, ignore_errors=True)
+    return None
+
+
+def _save_checkpoint(accelerator: Any, checkpoints: Path, step: int, trainer: dict[str, Any]) -> None:
+    """``checkpoints/step-N`` whole or not at all: every process saves into a temporary directory, then the
+    main process adds ``trainer.json`` and renames it; the two newest whole checkpoints are kept."""
+    path, tmp = checkpoints / f"step-{step}", checkpoints / f".tmp-step-{step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted save left
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / "trainer.json").write_text(json.dumps(trainer), encoding="utf-8")
+        if path.exists():  # an incomplete leftover of the same step
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        whole = [p for p in _checkpoints(checkpoints) if _trainer_state(p) is not None]
+        for old in [p for p in _checkpoints(checkpoints) if p not in whole[-2:]]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in checkpoints.glob(".tmp-step-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    accelerator.wait_for_everyone()
 
 
 def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: Path, config: TrainConfig,
@@ -233,11 +292,12 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     head, optimizer, schedule = accelerator.prepare(head, optimizer, schedule)
     checkpoints = out / "checkpoints"
     step, seconds, resumed_from, earlier = 0, 0.0, None, []
-    latest = _latest_checkpoint(checkpoints)
+    main = accelerator.is_main_process
+    found = _latest_checkpoint(checkpoints, log if main else (lambda m: None), remove=main)
+    latest, state = found if found is not None else (None, {})
     if latest is not None:
         accelerator.load_state(str(latest))
-        state = json.loads((latest / "trainer.json").read_text())
-        step, seconds = state["step"], state["seconds"]
+        step, seconds = state["step"], state.get("seconds", 0.0)
         resumed_from, earlier = step, state.get("history_first", [])
         log(f"resuming from {latest} (step {step} of {total_steps})")
     history: list[dict[str, float]] = []
@@ -263,20 +323,15 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         bar.update(1)
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc0=f"{stats.get('acc_0', 0):.2f}")
         if step % config.save_every == 0 or step == total_steps:
-            path = checkpoints / f"step-{step}"
-            accelerator.save_state(str(path))
-            if accelerator.is_main_process:
-                (path / "trainer.json").write_text(json.dumps({
-                    "step": step, "seconds": time.perf_counter() - started,
-                    "history_first": (earlier + history)[:20], "history_last": history[-20:]}))
-                for old in sorted(checkpoints.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
-                    shutil.rmtree(old, ignore_errors=True)
+            _save_checkpoint(accelerator, checkpoints, step, {
+                "step": step, "seconds": time.perf_counter() - started,
+                "history_first": (earlier + history)[:20], "history_last": history[-20:]})
     bar.close()
     head.eval()
     model = accelerator.unwrap_model(head).head.to(verifier.device)
     model.attach(embed, target_head)
     if not history and latest is not None:  # nothing left to train: report what the last run saw
-        history = json.loads((latest / "trainer.json").read_text()).get("history_last", [])
+        history = state.get("history_last", [])
     tail, head_of = history[-20:] or [{}], (earlier + history)[:20] or [{}]
     mean = lambda rows: {k: sum(h.get(k, 0.0) for h in rows) / len(rows) for k in rows[0]}  # noqa: E731
     summary = {"resumed_from": resumed_from, "history_first": mean(head_of), "steps": step, "seconds": time.perf_counter() - started, "total_steps": total_steps,

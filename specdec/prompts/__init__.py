@@ -20,7 +20,7 @@ Nothing here imports torch or ``datasets`` until it is used.
 """
 
 from specdec.prompts.encode import encode_batch, encode_prompt
-from specdec.prompts.files import PromptFileError, read_prompt_file, read_prompt_text
+from specdec.prompts.files import PromptFileError, json_rows, read_prompt_file, read_prompt_text
 from specdec.prompts.groups import group_order, round_robin, select_per_group
 from specdec.prompts.schema import (
     DEFAULT_GROUP,
@@ -55,6 +55,7 @@ __all__ = [
     "DatasetError",
     "Prompt",
     "PromptFileError",
+    "json_rows",
     "PromptRecord",
     "as_prompts",
     "default_dataset",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from specdec.prompts.schema import GROUP_FIELDS, ID_FIELDS, PromptRecord, row_text
 
@@ -49,6 +49,23 @@ def read_prompt_text(path: str | os.PathLike) -> str:
         ) from None
 
 
+def json_rows(path: str | os.PathLike, what: str = "") -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` per non-blank line of a UTF-8 JSON-lines file; a :class:`PromptFileError`
+    naming the file and line for text that is not UTF-8, a line that is not JSON or not a JSON object
+    (``what`` says what the object should hold)."""
+    name = str(path)
+    for n, line in enumerate(read_prompt_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"{name}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise PromptFileError(f"{name}:{n}: expected a JSON object{' ' + what if what else ''}, got {_json_type(row)}")
+        yield n, row
+
+
 def read_prompt_file(path: str | os.PathLike) -> list[PromptRecord]:
     """Read and check a JSONL prompt file (see the module docstring for the format).
 
@@ -57,18 +74,9 @@ def read_prompt_file(path: str | os.PathLike) -> list[PromptRecord]:
             valid JSON or not a JSON object, a row has no non-empty ``prompt`` / ``turns`` text,
             or the file holds no prompts. The message names the file and the line.
     """
-    text = read_prompt_text(path)
     name = str(path)
     records = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptFileError(f"{name}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise PromptFileError(f"{name}:{n}: expected a JSON object with a 'prompt' field, got {_json_type(row)}")
+    for n, row in json_rows(path, "with a 'prompt' field"):
         value = row_text(row)
         if value is None or not value.strip():
             raise PromptFileError(f"{name}:{n} has no non-empty 'prompt' (or 'turns') field")

@@ -21,6 +21,7 @@ from specdec.trees.tree import DraftTree
 
 if TYPE_CHECKING:  # trees never import drafters at run time: drafters import trees
     from specdec.drafters.base import DraftContext, Rows
+    from specdec.processing import RowContext
 
 
 class Expander(Protocol):
@@ -123,11 +124,11 @@ class _Candidates:
 
 
 def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, rows: "Rows", ctx: "DraftContext",
-              score: Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]) -> GrownTree:
+              score: Callable[[torch.Tensor, list["RowContext"]], torch.Tensor]) -> GrownTree:
     """Grow one tree per row from ``root_logits [B, V]`` (static or dynamic per ``shape``).
 
     ``score(logits [M, V], contexts)`` turns draft logits into the scores children are ranked by (the
-    call's processors applied with each node's context); children are the top-ranked tokens, so the
+    call's processors applied with each node's ``(row owner, context)``); children are the top-ranked tokens, so the
     tree is deterministic given the context and sampling stays exact with one-hot ``q``.
     """
     batch, device = root_logits.shape[0], root_logits.device
@@ -200,10 +201,10 @@ def _probs(values: torch.Tensor) -> list[float]:
     return values.exp().mean(dim=0).tolist()
 
 
-def _contexts(rows: "Rows", cands: _Candidates, nodes: torch.Tensor | None) -> list[torch.Tensor]:
-    """Each node's context for the logits processors: its row, then the tokens on its path."""
+def _contexts(rows: "Rows", cands: _Candidates, nodes: torch.Tensor | None) -> list["RowContext"]:
+    """Each node's context for the logits processors: its row's owner, and its row then the tokens on its path."""
     if nodes is None:
-        return list(rows)
+        return rows.contexts()
     par, tok = cands.par.tolist(), cands.tok.tolist()
     out = []
     for b, row in enumerate(rows):
@@ -212,5 +213,5 @@ def _contexts(rows: "Rows", cands: _Candidates, nodes: torch.Tensor | None) -> l
             while node >= 0:
                 path.append(tok[b][node])
                 node = par[b][node]
-            out.append(torch.cat([row, torch.tensor(path[::-1], dtype=torch.long, device=row.device)]))
+            out.append((rows.owners[b], torch.cat([row, torch.tensor(path[::-1], dtype=torch.long, device=row.device)])))
     return out

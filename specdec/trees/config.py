@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 MODES = ("none", "static", "dynamic", "auto")
@@ -69,6 +69,45 @@ class TreeConfig:
     @property
     def max_depth(self) -> int:
         return max(len(c) for c in self.choices) if self.mode == "static" else self.depth
+
+    def for_call(self, new_tokens: int) -> "TreeConfig":
+        """This configuration capped to what a call of ``new_tokens`` new tokens can use, so caches are sized by
+        the call rather than by the configured depth (``depth=10**7`` would otherwise ask for tens of GiB).
+
+        No pass drafts deeper than the tokens the call has left, so deeper static paths go and ``depth`` is
+        capped; a dynamic tree of depth ``d`` has at most ``top_k + (d - 1) * top_k**2`` candidates (the root's
+        ``top_k`` children, then ``top_k`` children of each of the ``top_k`` frontier nodes per further depth),
+        which caps ``total_tokens``. The trees drawn are the same as with the uncapped configuration.
+        """
+        if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 0:
+            raise ValueError(f"new_tokens must be a non-negative integer, got {new_tokens!r}")
+        depth = max(1, min(self.max_depth, new_tokens))
+        if self.mode == "static":
+            if depth >= self.max_depth:
+                return self
+            return replace(self, choices=tuple(c for c in self.choices if len(c) <= depth))
+        total = min(self.total_tokens, self.top_k + (depth - 1) * self.top_k**2)
+        if (depth, total) == (self.depth, self.total_tokens):
+            return self
+        return replace(self, depth=depth, total_tokens=total)
+
+    def fit_vocab(self, vocab_size: int) -> "TreeConfig":
+        """Check this tree against a vocabulary of ``vocab_size`` tokens: a node's children are its drafter's
+        top-ranked tokens, so a static rank or a ``top_k`` past the vocabulary cannot be drawn. ``static`` and
+        ``dynamic`` raise a one-line ``ValueError`` (the user chose those numbers); ``auto`` treats its numbers
+        as upper bounds and is capped to the vocabulary instead."""
+        if self.mode == "static":
+            rank = max(r for c in self.choices for r in c)
+            if rank >= vocab_size:
+                raise ValueError(f"tree: static path rank {rank} is out of range for a vocabulary of {vocab_size} "
+                                 f"tokens (ranks are 0..{vocab_size - 1})")
+            return self
+        if self.top_k <= vocab_size:
+            return self
+        if self.mode == "auto":
+            return replace(self, top_k=vocab_size)
+        raise ValueError(f"tree: top_k={self.top_k} is more than the vocabulary of {vocab_size} tokens "
+                         f"(at most {vocab_size} children per node)")
 
     def to_dict(self) -> dict[str, Any]:
         """The configuration as plain JSON (``summary.json``'s ``tree``)."""

@@ -13,10 +13,14 @@ from specdec.trees.tree import DraftTree
 class TreePlan:
     """What the engine asks per pass (:meth:`shape`) and tells after it (:meth:`update`)."""
 
-    def __init__(self, config: TreeConfig, sizer: TreeSizer | None = None) -> None:
+    def __init__(self, config: TreeConfig, sizer: TreeSizer | None = None, new_tokens: int | None = None) -> None:
+        """``new_tokens``: the most tokens the call adds per row; ``config`` is capped to what such a call can use
+        (:meth:`TreeConfig.for_call`), so its caches are sized by the call, not by the configured depth."""
         if config.mode == "auto" and sizer is None:
             raise ValueError("tree='auto' needs a TreeSizer (a measured verifier cost)")
-        self.config, self.sizer = config, sizer
+        self.requested = config  # what the user asked for: what the statistics report
+        self.config = config if new_tokens is None else config.for_call(new_tokens)
+        self.sizer = sizer
 
     def shape(self, room: int) -> TreeShape:
         """The request for one pass, at most ``room`` tokens deep."""
@@ -31,8 +35,9 @@ class TreePlan:
         self.sizer.update(predicted, float(accepted.float().mean()), draft_seconds, draft_passes)
 
     def to_dict(self) -> dict:
-        """The configuration used (``summary.json``'s ``tree``); with the sizer's state for ``auto``."""
-        data = self.config.to_dict()
+        """The configuration asked for (``summary.json``'s ``tree``; capping it to the call changes no tree drawn),
+        with the sizer's state for ``auto``."""
+        data = self.requested.to_dict()
         if self.sizer is not None:
             data.update(calibration=round(self.sizer.calibration, 4), draft_step_s=self.sizer.draft_step,
                         verify_cost=self.sizer.cost.to_dict())

@@ -52,9 +52,14 @@ class VerifyCost:
 
 @torch.inference_mode()
 def measure_verify_cost(runner, sizes: tuple[int, ...] = SIZES, context: int = 256, repeats: int = 3) -> VerifyCost:
-    """Time ``runner``'s model over a pass of each size after a ``context``-token prompt (median of ``repeats``)."""
+    """Time ``runner``'s model over a pass of each size after a ``context``-token prompt (median of ``repeats``).
+
+    On a model with fewer positions than ``context`` + the largest size (``max_position_embeddings``), both are
+    clamped to fit: sizes up to half its positions, the context filling the rest (the curve is extrapolated past
+    the largest size measured)."""
     model = runner.model
     device = model.device
+    sizes, context = _fit_positions(model.config, tuple(sizes), context)
     vocab = int(model.get_output_embeddings().weight.shape[0]) if hasattr(model.get_output_embeddings(), "weight") \
         else int(model.config.vocab_size)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -78,6 +83,19 @@ def measure_verify_cost(runner, sizes: tuple[int, ...] = SIZES, context: int = 2
     finally:
         session.release()
     return VerifyCost(tuple(sizes), tuple(seconds), context, str(device))
+
+
+def _fit_positions(config, sizes: tuple[int, ...], context: int) -> tuple[tuple[int, ...], int]:
+    """``sizes`` and ``context`` clamped so that a ``context``-token prompt and the largest pass fit the model's
+    positions (learnt position tables index past their end otherwise)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit <= 0 or context + max(sizes) <= limit:
+        return sizes, context
+    if limit < 2:
+        raise ValueError(f"the verifier has {limit} position(s): too few to measure a tree's verify cost")
+    fitted = tuple(n for n in sizes if n <= limit // 2) or (1,)
+    return fitted, max(1, min(context, limit - max(fitted)))
 
 
 def _sync(device: torch.device) -> None:
