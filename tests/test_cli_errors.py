@@ -14,14 +14,14 @@ import sys
 import pytest
 
 from specdec.cli import main
-from test_eval import _char_tokenizer
+from tiny_models import char_tokenizer
 from tiny_models import make_model
 
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli-errors")
-    tok = _char_tokenizer()
+    tok = char_tokenizer()
     for arch in ("llama", "mistral"):
         make_model(arch).save_pretrained(root / arch)
         tok.save_pretrained(root / arch)

@@ -147,7 +147,7 @@ def test_measure_tree_cost_is_public_and_idempotent(monkeypatch):
 def test_eval_measures_auto_cost_before_the_first_timed_call(monkeypatch, tmp_path):
     from specdec.eval import EvalConfig, run_eval
     from specdec.eval import measure as eval_measure
-    from test_eval import _char_tokenizer
+    from tiny_models import char_tokenizer
 
     events: list[str] = []
     monkeypatch.setattr(specdec.api, "measure_verify_cost", lambda runner, *a, **k: events.append("measure") or FLAT)
@@ -161,7 +161,7 @@ def test_eval_measures_auto_cost_before_the_first_timed_call(monkeypatch, tmp_pa
     model = make_model("llama")
     config = EvalConfig(out_dir=tmp_path, draft="self:bf16", num_draft_tokens=2, baselines=["hf"], tree=["none", "auto"],
                         max_new_tokens=4, progress=False, plots=False, warmup=False, chat=False)
-    run_eval(model, _char_tokenizer(), ["Tell me a story.", "Name a fruit."], config)
+    run_eval(model, char_tokenizer(), ["Tell me a story.", "Name a fruit."], config)
     assert events.count("measure") == 1
     first_auto = next(i for i, e in enumerate(events) if e.startswith("timed") and "tree=auto" in e)
     assert events.index("measure") < first_auto
