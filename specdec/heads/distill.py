@@ -9,13 +9,15 @@ tokenizer) is refused rather than trusted.
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
 from tqdm.auto import tqdm
 
-from specdec.heads.prompts import TrainHeadError, TrainPrompt, build_self_written, self_written_requests
+from specdec.heads.prompts import TrainHeadError, TrainPrompt
+from specdec.heads.self_instruct import LICENSE, SOURCE, build_prompt, normalise, self_instruct_requests
 from specdec.prompts import encode_prompt
 
 
@@ -135,16 +137,21 @@ def _batched(model: Any, tokenizer: Any, items: list[dict[str, Any]], out: Path,
 
 
 def write_self_prompts(model: Any, tokenizer: Any, count: int, out: Path, *, seed: int = 0, batch_size: int = 32,
-                       max_new_tokens: int = 160, progress: bool = True) -> list[TrainPrompt]:
-    """``count`` prompts the verifier writes itself (articles to summarise, text to translate, passages to
-    answer questions about, new instructions and questions), sampled at temperature 0.8; resumable."""
-    requests = self_written_requests(count, seed)
+                       max_new_tokens: int = 160, avoid: Iterable[str] = (), progress: bool = True) -> list[TrainPrompt]:
+    """``count`` requests to the verifier for prompts of every Spec-Bench task type (articles to summarise, text
+    to translate either way, passages to answer questions about, word problems, programming tasks, text to
+    extract from, instructions, chat; :mod:`specdec.heads.self_instruct`), sampled at temperature 0.8;
+    resumable. A prompt that comes out like an earlier one, or like one in ``avoid``, is dropped."""
+    requests = self_instruct_requests(count, seed)
     by_id = {r["id"]: r for r in requests}
+    seen = {normalise(p) for p in avoid} | {normalise(r["prompt"]) for r in read_jsonl(out) if r.get("prompt")}
 
     def finish(request: dict, response: list[int], _: torch.Tensor) -> dict | None:
-        text = tokenizer.decode(response, skip_special_tokens=True)
-        built = build_self_written(request, text)
-        return None if built is None else built.to_json()
+        prompt = build_prompt(request, tokenizer.decode(response, skip_special_tokens=True))
+        if prompt is None or normalise(prompt) in seen:
+            return None
+        seen.add(normalise(prompt))
+        return TrainPrompt(request["id"], request["group"], prompt, SOURCE, LICENSE).to_json()
 
     torch.manual_seed(seed)
     rows = _batched(model, tokenizer, requests, out, lambda r: encode_prompt(tokenizer, r["ask"])[0], finish,
@@ -153,11 +160,24 @@ def write_self_prompts(model: Any, tokenizer: Any, count: int, out: Path, *, see
     return [TrainPrompt(**r) for r in rows if r["id"] in by_id]
 
 
+#: temperatures of the sampled responses (``distill(sampled=...)``), taken in turn
+SAMPLE_TEMPERATURES = (0.7, 0.85, 1.0)
+
+
+def sampled_share(item_id: str, share: float) -> bool:
+    """Whether prompt ``item_id`` also gets a sampled response: a fixed share of prompts, by a hash of the id
+    (the same prompts on every rerun, whatever the order)."""
+    return share > 0 and (zlib.crc32(item_id.encode()) % 10_000) < share * 10_000
+
+
 def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Path, *, batch_size: int = 32,
-            max_new_tokens: int = 192, progress: bool = True) -> list[dict[str, Any]]:
+            max_new_tokens: int = 192, sampled: float = 0.0, seed: int = 0,
+            progress: bool = True) -> list[dict[str, Any]]:
     """Greedy responses of the verifier to ``prompts``, appended to ``out`` (JSON Lines: id, group, source,
     license, ``prompt_ids``, ``response_ids``); resumable. Prompts that come with a ``response`` keep it
-    (tokenized, plus end of sequence). Returns every sample in ``out``."""
+    (tokenized, plus end of sequence). A ``sampled`` share of the prompts also gets a sampled response (id
+    ``ID@tT``, temperatures :data:`SAMPLE_TEMPERATURES` in turn, ``temperature`` recorded). Returns every
+    sample in ``out``."""
     items = [p.to_json() for p in prompts]
     given = [p for p in items if p.get("response")]
     if given:
@@ -186,6 +206,21 @@ def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Pat
         return {**{k: item[k] for k in ("id", "group", "source", "license")}, "prompt_ids": ids.tolist(),
                 "response_ids": response}
 
-    return _batched(model, tokenizer, items, out, lambda p: encode_prompt(tokenizer, p["prompt"])[0], finish,
-                    batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
-                    desc="verifier writes responses", progress=progress)
+    def encode(p: dict) -> torch.Tensor:
+        return encode_prompt(tokenizer, p["prompt"])[0]
+
+    samples = _batched(model, tokenizer, items, out, encode, finish, batch_size=batch_size,
+                       max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
+                       desc="verifier writes responses", progress=progress)
+    extra = [p for p in items if sampled_share(p["id"], sampled)]
+    for i, temperature in enumerate(SAMPLE_TEMPERATURES):
+        chosen = [{**p, "id": f"{p['id']}@t{temperature}", "temperature": temperature}
+                  for p in extra[i::len(SAMPLE_TEMPERATURES)]]
+        if not chosen:
+            continue
+        torch.manual_seed(seed + i)
+        samples = _batched(model, tokenizer, chosen, out, encode,
+                           lambda item, response, ids: {**finish(item, response, ids), "temperature": item["temperature"]},
+                           batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=True,
+                           temperature=temperature, desc=f"sampled responses (T={temperature})", progress=progress)
+    return samples

@@ -16,6 +16,7 @@ at all (a temporary name, then a rename), so an interrupted run never leaves hal
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -49,7 +50,9 @@ SETTINGS_FILE = "settings.json"
 #: the head files ``train-head`` writes in ``OUT`` (``training.json`` last: a head with it is whole)
 HEAD_FILES = ("model.safetensors", "config.json", "README.md", "training.json")
 #: how the verifier writes its own prompts (fixed; recorded so that a change in a later version is seen)
-SELF_PROMPT_SAMPLING = {"do_sample": True, "temperature": 0.8, "max_new_tokens": 160}
+SELF_PROMPT_SAMPLING = {"do_sample": True, "temperature": 0.8, "max_new_tokens": 160, "tasks": "self_instruct v2"}
+#: where ``stop_after`` may stop a run (everything before it is made, nothing after)
+STAGES = ("data", "features")
 
 
 class ResumeError(TrainHeadError):
@@ -72,6 +75,9 @@ class PipelineConfig:
     eval_prompts: int = 12  # held-out prompts run through the speculative loop at the end
     eval_new_tokens: int = 96
     eval_k: int = 5
+    gen_dtype: str | None = None  # the verifier writes its data in this dtype (a copy), e.g. "bfloat16"; None: as loaded
+    sampled: float = 0.0  # share of prompts that also get a sampled response (T 0.7 / 0.85 / 1.0)
+    stop_after: str | None = None  # "data" or "features": make the stages up to it, then stop (no head)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -159,7 +165,8 @@ def stage_settings(config: PipelineConfig, data: list[TrainPrompt], model_name: 
     stages: dict[str, dict[str, Any]] = {}
     if config.self_prompts:
         stages["self_prompts"] = {"model": model, "seed": t.seed, "self_prompt_sampling": SELF_PROMPT_SAMPLING}
-    stages["samples"] = {"model": model, "max_new_tokens": config.max_new_tokens, "decoding": "greedy"}
+    stages["samples"] = {"model": model, "max_new_tokens": config.max_new_tokens, "decoding": "greedy",
+                         "gen_dtype": config.gen_dtype or "as loaded", "sampled": config.sampled}
     stages["features"] = {**stages["samples"], "data": data_fingerprint(data), "per_group": config.per_group or 0,
                           "self_prompts": config.self_prompts, "seed": t.seed, "kind": t.kind}
     training = {"heldout": config.heldout, "epochs": t.epochs, "batch_tokens": t.batch_tokens, "lr": t.lr,
@@ -302,22 +309,30 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
     # under `accelerate launch`, the main process writes the data and features; the others then find them done
     with state.main_process_first():
         prompts = balance(data_prompts, config.per_group, seed=config.train.seed)
+        writer = data_writer(model, config.gen_dtype)
         if config.self_prompts:
             record_stage("self_prompts")
-            prompts += write_self_prompts(model, tokenizer, config.self_prompts, work / "self_prompts.jsonl",
+            prompts += write_self_prompts(writer, tokenizer, config.self_prompts, work / "self_prompts.jsonl",
                                           seed=config.train.seed, batch_size=config.gen_batch,
-                                          max_new_tokens=SELF_PROMPT_SAMPLING["max_new_tokens"], progress=progress)
+                                          max_new_tokens=SELF_PROMPT_SAMPLING["max_new_tokens"],
+                                          avoid=[p.prompt for p in data_prompts], progress=progress)
         record_stage("samples")
-        samples = distill(model, tokenizer, prompts, work / "samples.jsonl", batch_size=config.gen_batch,
-                          max_new_tokens=config.max_new_tokens, progress=progress)
+        samples = distill(writer, tokenizer, prompts, work / "samples.jsonl", batch_size=config.gen_batch,
+                          max_new_tokens=config.max_new_tokens, sampled=config.sampled, seed=config.train.seed,
+                          progress=progress)
+        del writer
         if len(samples) < 2:
             raise TrainHeadError(f"only {len(samples)} usable sample(s) from {data}: a head needs at least 2 "
                                  "(one is held out to measure it); add prompts or --self-prompts")
         generated = time.perf_counter()
+        if config.stop_after == "data":
+            return _stopped(out, samples, started, "data")
         head_config = HeadConfig.for_verifier(model.config, config.train.kind, draft_vocab_size=None)
         layers = head_config.aux_layers if head_config.kind == "eagle3" else (model.config.get_text_config().num_hidden_layers,)
         record_stage("features")
         paths = extract_features(model, samples, work / "features", layers, progress=progress)
+        if config.stop_after == "features":
+            return _stopped(out, samples, started, "features")
         record_stage("training")
     features = FeatureSet(paths)
     featured = time.perf_counter()
@@ -346,6 +361,21 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
     extra = {"specdec_verifier": {**fingerprint(model.config), "name": model_name}}
     _save_head_whole(head, out, model_card(record, head.config), extra, record)
     return result
+
+
+def data_writer(model: Any, gen_dtype: str | None) -> Any:
+    """The model that writes the data: ``model`` itself, or a copy in ``gen_dtype`` (bf16 writes twice as fast
+    on a CPU with AMX; the features and targets still come from ``model``)."""
+    if gen_dtype is None or getattr(torch, gen_dtype) == next(model.parameters()).dtype:
+        return model
+    return copy.deepcopy(model).to(getattr(torch, gen_dtype))
+
+
+def _stopped(out: Path, samples: list[dict[str, Any]], started: float, stage: str) -> dict[str, Any]:
+    """The summary of a run told to stop after ``stage`` (no head: steps 0, no acceptance)."""
+    return {"out": str(out), "samples": len(samples), "tokens": sum(len(s["response_ids"]) for s in samples),
+            "steps": 0, "seconds": round(time.perf_counter() - started, 1), "heldout_acceptance": None,
+            "mean_accepted_length": None, "stopped_after": stage}
 
 
 def _add_stage_times(path: Path, seconds: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,93 @@
+"""Head training data at scale (issue 24): self-instruct prompts of every task type, sampled responses, a
+faster writer dtype, and data-only runs that stop after a stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.heads.distill import SAMPLE_TEMPERATURES, sampled_share
+from specdec.heads.pipeline import data_writer
+from specdec.heads.self_instruct import TASKS, build_prompt, dedupe, normalise, self_instruct_requests
+from tiny_models import char_tokenizer, make_model
+
+
+def test_requests_cover_every_task_type_and_are_reproducible():
+    requests = self_instruct_requests(3 * len(TASKS), seed=1)
+    assert {r["group"] for r in requests} == {t.group for t in TASKS} >= {
+        "summarization", "translation", "qa", "math", "code", "extraction", "chat"}
+    assert requests == self_instruct_requests(3 * len(TASKS), seed=1)
+    assert requests != self_instruct_requests(3 * len(TASKS), seed=2)
+    assert len({r["id"] for r in requests}) == len(requests)
+
+
+def test_build_prompt_wraps_the_answer_and_drops_empty_or_runaway_ones():
+    request = next(r for r in self_instruct_requests(len(TASKS)) if r["template"].startswith("Read the passage"))
+    prompt = build_prompt(request, "  Bees make honey from nectar.  ")
+    assert "Passage: Bees make honey from nectar." in prompt and request["question"] in prompt
+    assert build_prompt(request, "ok") is None and build_prompt(request, "x" * 5000) is None
+
+
+def test_dedupe_ignores_case_spaces_and_punctuation():
+    pairs = [("a", "What is a bee?"), ("b", "what is a  bee"), ("c", "What is a wasp?")]
+    assert [pid for pid, _ in dedupe(pairs)] == ["a", "c"]
+    assert normalise("Hello,   World!") == "hello world"
+
+
+def test_sampled_share_is_a_fixed_share_of_ids():
+    ids = [f"p{i}" for i in range(4000)]
+    chosen = [i for i in ids if sampled_share(i, 0.25)]
+    assert 0.2 < len(chosen) / len(ids) < 0.3
+    assert chosen == [i for i in ids if sampled_share(i, 0.25)]
+    assert not any(sampled_share(i, 0.0) for i in ids)
+
+
+def test_data_writer_is_a_copy_in_the_asked_dtype():
+    model = make_model("llama")
+    assert data_writer(model, None) is model and data_writer(model, "float32") is model
+    writer = data_writer(model, "bfloat16")
+    assert next(writer.parameters()).dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32  # the verifier itself is untouched
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("head_data")
+    make_model("llama").save_pretrained(root / "m")
+    char_tokenizer().save_pretrained(root / "m")
+    rows = [{"id": f"p{i}", "group": "g", "prompt": f"Tell me about {i} cats."} for i in range(12)]
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _train(tiny: Path, out: Path, *extra: str) -> int:
+    from specdec.cli import main
+
+    return main(["train-head", "--model", str(tiny / "m"), "--data", str(tiny / "data.jsonl"), "--out", str(out),
+                 "--max-new-tokens", "6", "--gen-batch", "4", "--epochs", "1", "--draft-vocab", "32",
+                 "--batch-tokens", "256", "--eval-prompts", "1", "--heldout", "0.25", "--json", *extra])
+
+
+def test_data_only_run_with_self_prompts_and_sampled_responses(tiny, tmp_path, capsys):
+    out = tmp_path / "head"
+    assert _train(tiny, out, "--self-prompts", "14", "--sampled", "0.5", "--gen-dtype", "bfloat16",
+                  "--stop-after", "data") == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["stopped_after"] == "data" and result["steps"] == 0 and result["heldout_acceptance"] is None
+    assert not (out / "model.safetensors").exists() and not (out / "work" / "features").exists()
+    samples = [json.loads(line) for line in (out / "work" / "samples.jsonl").read_text().splitlines()]
+    sampled = [s for s in samples if "@t" in s["id"]]
+    assert sampled and all(s["temperature"] in SAMPLE_TEMPERATURES for s in sampled)
+    assert all(s["id"].split("@")[0] in {x["id"] for x in samples} for s in sampled)  # beside a greedy response
+    settings = json.loads((out / "work" / "settings.json").read_text())["stages"]
+    assert settings["samples"]["gen_dtype"] == "bfloat16" and settings["samples"]["sampled"] == 0.5
+    # the same run goes on to the features; another --sampled share is refused in one line
+    assert _train(tiny, out, "--self-prompts", "14", "--sampled", "0.5", "--gen-dtype", "bfloat16",
+                  "--stop-after", "features") == 0
+    assert (out / "work" / "features").is_dir()
+    capsys.readouterr()
+    assert _train(tiny, out, "--self-prompts", "14", "--sampled", "0.25", "--gen-dtype", "bfloat16") == 2
+    assert "--sampled 0.5, not 0.25" in capsys.readouterr().err
