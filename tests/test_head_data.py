@@ -91,3 +91,26 @@ def test_data_only_run_with_self_prompts_and_sampled_responses(tiny, tmp_path, c
     capsys.readouterr()
     assert _train(tiny, out, "--self-prompts", "14", "--sampled", "0.25", "--gen-dtype", "bfloat16") == 2
     assert "--sampled 0.5, not 0.25" in capsys.readouterr().err
+
+
+def test_feature_set_reads_memory_mapped_shards_exactly(tmp_path):
+    """Features are read from the shards when asked for (millions of tokens need no memory of their own),
+    and each sample reads back exactly what was written."""
+    from safetensors.torch import load_file
+
+    from specdec.heads.features import FeatureSet, extract_features
+
+    model = make_model("llama")
+    gen = torch.Generator().manual_seed(0)
+    samples = [{"id": f"s{i}", "prompt_ids": torch.randint(3, 90, (4 + i,), generator=gen).tolist(),
+                "response_ids": torch.randint(3, 90, (6,), generator=gen).tolist()} for i in range(7)]
+    paths = extract_features(model, samples, tmp_path / "features", (1, 2), shard_samples=3, progress=False)
+    features = FeatureSet(paths)
+    assert len(features) == 7 and len(paths) == 3
+    for i in range(7):
+        shard = load_file(str(paths[i // 3]), device="cpu")
+        a, b = shard["offsets"][i % 3].item(), shard["offsets"][i % 3 + 1].item()
+        got = features[i]
+        for key in ("input_ids", "hidden", "final", "top"):
+            assert torch.equal(got[key], shard[key][a:b]), key
+        assert got["prompt_length"] == len(samples[i]["prompt_ids"]) == features.small(i)["prompt_length"]

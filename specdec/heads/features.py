@@ -90,22 +90,36 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
 
 
 class FeatureSet:
-    """The samples of a feature directory in memory: ``len()``, and ``[i]`` gives one sample's tensors."""
+    """The samples of a feature directory: ``len()``, and ``[i]`` gives one sample's tensors.
+
+    Shards are memory-mapped, not loaded: a sample's slices are read when asked for (the operating system
+    keeps what is used in its page cache), so millions of training tokens (several GB of features) need no
+    more memory than the batches being trained on. ``input_ids``, ``top`` and the prompt lengths (small)
+    are held in memory.
+    """
 
     def __init__(self, paths: list[Path]) -> None:
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        self.samples: list[dict[str, torch.Tensor]] = []
-        for path in paths:
-            shard = load_file(str(path), device="cpu")
-            offsets = shard["offsets"].tolist()
-            for i, p in enumerate(shard["prompt_lengths"].tolist()):
+        self._shards = [safe_open(str(path), framework="pt", device="cpu") for path in paths]
+        self._index: list[tuple[int, int, int]] = []  # per sample: shard, start, end
+        self._small: list[dict[str, Any]] = []
+        for number, shard in enumerate(self._shards):
+            offsets = shard.get_tensor("offsets").tolist()
+            ids, top = shard.get_tensor("input_ids"), shard.get_tensor("top")
+            for i, p in enumerate(shard.get_tensor("prompt_lengths").tolist()):
                 a, b = offsets[i], offsets[i + 1]
-                self.samples.append({"input_ids": shard["input_ids"][a:b], "hidden": shard["hidden"][a:b],
-                                     "final": shard["final"][a:b], "top": shard["top"][a:b], "prompt_length": p})
+                self._index.append((number, a, b))
+                self._small.append({"input_ids": ids[a:b], "top": top[a:b], "prompt_length": p})
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self._index)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self.samples[i]
+        number, a, b = self._index[i]
+        shard = self._shards[number]
+        return {**self._small[i], "hidden": shard.get_slice("hidden")[a:b], "final": shard.get_slice("final")[a:b]}
+
+    def small(self, i: int) -> dict[str, Any]:
+        """Sample ``i``'s token ids, greedy targets and prompt length, without reading its features."""
+        return self._small[i]

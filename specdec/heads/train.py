@@ -55,7 +55,7 @@ def draft_vocabulary(features: FeatureSet, indices: list[int], size: int, vocab:
     """The ``size`` most frequent greedy targets of the training responses, sorted by id, and their coverage."""
     counts = torch.zeros(vocab, dtype=torch.long, device="cpu")
     for i in indices:
-        s = features[i]
+        s = features.small(i)
         counts += torch.bincount(s["top"][s["prompt_length"] - 1:], minlength=vocab)[:vocab]
     size = min(size, vocab)
     keep = counts.topk(size).indices.sort().values
@@ -283,7 +283,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         log(f"draft vocabulary: {len(keep)} tokens cover {coverage:.1%} of the training targets")
     head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps).to(accelerator.device)
     embed, target_head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
-    lengths = [len(features[i]["input_ids"]) for i in train_idx]
+    lengths = [len(features.small(i)["input_ids"]) for i in train_idx]
     per_epoch = len(_batches(lengths, config.batch_tokens, random.Random(0)))
     total_steps = max(1, math.ceil(per_epoch * config.epochs / accelerator.num_processes))
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
