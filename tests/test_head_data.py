@@ -114,3 +114,28 @@ def test_feature_set_reads_memory_mapped_shards_exactly(tmp_path):
         for key in ("input_ids", "hidden", "final", "top"):
             assert torch.equal(got[key], shard[key][a:b]), key
         assert got["prompt_length"] == len(samples[i]["prompt_ids"]) == features.small(i)["prompt_length"]
+
+
+def test_training_validates_every_epoch_keeps_the_best_and_stops_early(tiny, tmp_path, capsys):
+    """A held-out split the head never trains on is scored every epoch; the best head is the one saved."""
+    out = tmp_path / "head"
+    assert _train(tiny, out, "--self-prompts", "0", "--epochs", "6", "--lr", "0.05", "--patience", "1",
+                  "--noise", "0.1", "--max-new-tokens", "12") == 0
+    record = json.loads((out / "training.json").read_text())
+    validation, best = record["validation"], record["best_validation"]
+    assert validation and best in validation
+    assert best["tokens_per_pass"] == max(v["tokens_per_pass"] for v in validation)
+    assert all(len(v["top1"]) == 3 and 0 <= v["coverage"] <= 1 for v in validation)
+    if record["stopped_early"]:  # patience 1: stopped right after the first epoch that was not better
+        assert validation[-1]["epoch"] - best["epoch"] == 1 and validation[-1]["tokens_per_pass"] <= best["tokens_per_pass"]
+    else:
+        assert len(validation) == 6
+    from safetensors.torch import load_file
+
+    saved, kept = load_file(str(out / "model.safetensors")), load_file(str(out / "checkpoints" / "best" / "model.safetensors"))
+    assert torch.equal(saved["fc.weight"], kept["fc.weight"].to(saved["fc.weight"].dtype))  # the best head is the one saved
+    # a rerun resumes a finished (or stopped) run without training again
+    capsys.readouterr()
+    assert _train(tiny, out, "--self-prompts", "0", "--epochs", "6", "--lr", "0.05", "--patience", "1",
+                  "--noise", "0.1", "--max-new-tokens", "12") == 0
+    assert json.loads((out / "training.json").read_text())["best_validation"] == best

@@ -33,6 +33,10 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
+    p.add_argument("--warmup", type=int, default=50, help="optimizer steps of linear learning-rate warm-up")
+    p.add_argument("--noise", type=float, default=0.0, help="uniform noise on the verifier features, times their RMS")
+    p.add_argument("--patience", type=int, default=0,
+                   help="stop after this many epochs without a better validation score (0: every epoch)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps")
     p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
@@ -51,12 +55,15 @@ def _error(message: str) -> int:
 def _check_numbers(args: argparse.Namespace) -> str | None:
     """What is wrong with the numeric options, in one line (None: nothing)."""
     for name in ("per_group", "self_prompts", "max_new_tokens", "gen_batch", "batch_tokens", "save_every", "ttt_steps",
-                 "eval_prompts", "draft_vocab"):
+                 "eval_prompts", "draft_vocab", "warmup", "patience"):
         value, flag = getattr(args, name), "--" + name.replace("_", "-")
-        if value < 0 or (value == 0 and name not in ("per_group", "self_prompts", "eval_prompts", "draft_vocab")):
+        if value < 0 or (value == 0 and name not in ("per_group", "self_prompts", "eval_prompts", "draft_vocab",
+                                                     "patience")):
             zero = {"per_group": " (0: all)", "self_prompts": " (0: none)", "draft_vocab": " (0: the full vocabulary)",
-                    "eval_prompts": ""}
+                    "eval_prompts": "", "patience": " (0: every epoch)"}
             return f"{flag} must be {'>= 0' + zero[name] if name in zero else 'positive'}, got {value}"
+    if args.noise < 0:
+        return f"--noise must be >= 0, got {args.noise:g}"
     if not 0 <= args.sampled <= 1:
         return f"--sampled must be in [0, 1], got {args.sampled:g}"
     if not 0 < args.heldout < 1:
@@ -111,7 +118,8 @@ def run_train_head(args: argparse.Namespace) -> int:
         sampled=args.sampled, stop_after=args.stop_after,
         train=TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab or None, epochs=args.epochs,
                           batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, seed=args.seed,
-                          save_every=args.save_every, mixed_precision=args.mixed_precision))
+                          save_every=args.save_every, mixed_precision=args.mixed_precision, warmup=args.warmup,
+                          noise=args.noise, patience=args.patience))
     from accelerate import PartialState
 
     import specdec.models

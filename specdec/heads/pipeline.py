@@ -170,7 +170,8 @@ def stage_settings(config: PipelineConfig, data: list[TrainPrompt], model_name: 
     stages["features"] = {**stages["samples"], "data": data_fingerprint(data), "per_group": config.per_group or 0,
                           "self_prompts": config.self_prompts, "seed": t.seed, "kind": t.kind}
     training = {"heldout": config.heldout, "epochs": t.epochs, "batch_tokens": t.batch_tokens, "lr": t.lr,
-                "warmup": t.warmup, "grad_clip": t.grad_clip, "mixed_precision": t.mixed_precision}
+                "warmup": t.warmup, "grad_clip": t.grad_clip, "mixed_precision": t.mixed_precision, "noise": t.noise,
+                "patience": t.patience}
     if t.kind == "eagle3":  # an EAGLE head has neither
         training.update(draft_vocab=t.draft_vocab or 0, ttt_steps=t.ttt_steps)
     stages["training"] = {**stages["features"], **training}
@@ -340,7 +341,8 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
     random.Random(config.train.seed).shuffle(order)
     n_held = max(1, round(len(order) * config.heldout))
     held, train_idx = sorted(order[:n_held]), sorted(order[n_held:])
-    head, summary = train_head(model, features, train_idx, out, config.train, head_config, progress=progress, log=log)
+    head, summary = train_head(model, features, train_idx, out, config.train, head_config, val_idx=held,
+                               progress=progress, log=log)
     trained = time.perf_counter()
     if not state.is_main_process:
         return {}
@@ -355,6 +357,8 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
         "heldout_eval": time.perf_counter() - trained})
     record = {**result, "stage_seconds": stages, "command": command,
               "training_seconds_total": round(summary["seconds"], 1), "final_train_metrics": summary["final"],
+              "validation": summary["validation"], "best_validation": summary["best"],
+              "stopped_early": summary["stopped_early"],
               "train_config": summary["train_config"], "pipeline": {k: v for k, v in vars(config).items() if k != "train"},
               "heldout_samples": len(held), "eval_k": config.eval_k, "model": model_name,
               "sources": _sources(samples, train_idx)}

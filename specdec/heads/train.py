@@ -49,6 +49,8 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 200
     mixed_precision: str = "no"
+    noise: float = 0.0  # uniform noise on the verifier features, times their RMS (EAGLE-1 trains with some)
+    patience: int = 0  # stop after this many epochs without a better validation score (0: train every epoch)
 
 
 def draft_vocabulary(features: FeatureSet, indices: list[int], size: int, vocab: int) -> tuple[torch.Tensor, float]:
@@ -146,13 +148,17 @@ def collate(features: FeatureSet, batch: list[int], device: torch.device) -> dic
 
 
 def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module, target_head: nn.Module,
-              ttt_steps: int) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one batch and per-step accuracies (``acc_s``: share of slots whose draft is the verifier's
-    greedy token)."""
+              ttt_steps: int, noise: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one batch and per-step accuracies (``acc_s``: share of the slots whose target the draft
+    vocabulary holds where the draft is the verifier's greedy token; ``n_s`` those slots, ``all_s`` every
+    response slot of step ``s``). ``noise``: uniform noise on the features, times their RMS (training only)."""
     ids, hidden, final, top = batch["input_ids"], batch["hidden"], batch["final"], batch["top"]
     n = ids.shape[1] - 1  # slots: (feature i, token i + 1), targets from position i + 1
     dtype = head.fc.weight.dtype
     tokens, feats = ids[:, 1:], hidden[:, :-1].to(dtype)
+    if noise:  # the head must draft from features a little off the ones it saw (EAGLE-1's augmentation)
+        rms = feats.float().pow(2).mean(-1, keepdim=True).sqrt().to(dtype)
+        feats = feats + (torch.rand_like(feats) - 0.5) * noise * rms
     slot = torch.arange(n, device=ids.device).view(1, -1)
     real = slot < (batch["lengths"] - 1).view(-1, 1)
     first = (batch["prompt_lengths"] - 1).view(-1, 1)  # the first slot that drafts a response token
@@ -175,8 +181,10 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
     for s in range(steps):
         out = head(embeds, state, positions, kv)
         logits = head.logits(out).float()
-        mask = real & (slot - s >= first) & in_vocab
+        response = real & (slot - s >= first)
+        mask = response & in_vocab
         count = mask.sum().clamp(min=1)
+        stats[f"n_{s}"], stats[f"all_{s}"] = float(mask.sum()), float(response.sum())
         ce = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)
         loss = (ce * mask).sum() / count
         if head.config.kind == "eagle":
@@ -196,12 +204,40 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
 class _WithLoss(nn.Module):
     """The head with its loss as ``forward``, so a DDP wrapper (``accelerate launch``) sees the whole step."""
 
-    def __init__(self, head: EagleHead, ttt_steps: int) -> None:
+    def __init__(self, head: EagleHead, ttt_steps: int, noise: float = 0.0) -> None:
         super().__init__()
-        self.head, self.ttt_steps = head, ttt_steps
+        self.head, self.ttt_steps, self.noise = head, ttt_steps, noise
 
     def forward(self, batch: dict[str, torch.Tensor], embed: nn.Module, target_head: nn.Module):
-        return head_loss(self.head, batch, embed, target_head, self.ttt_steps)
+        return head_loss(self.head, batch, embed, target_head, self.ttt_steps, self.noise if self.training else 0.0)
+
+
+@torch.no_grad()
+def validate(head: EagleHead, features: FeatureSet, indices: list[int], embed: nn.Module, target_head: nn.Module,
+             ttt_steps: int, batch_tokens: int, device: torch.device) -> dict[str, Any]:
+    """Teacher-forced numbers of ``head`` on ``features[indices]`` (samples it never trains on): ``top1`` per
+    training-time step over every response target, ``top1_in_vocab`` over those the draft vocabulary holds,
+    ``coverage`` (step 0's targets in the draft vocabulary) and ``tokens_per_pass``, ``1 + sum_s prod_{j<=s}
+    top1_j``: what a chain of ``ttt_steps`` drafts would commit per verify pass if drafts failed independently."""
+    hits, inside, every = {}, {}, {}
+    for batch in _batches([len(features.small(i)["input_ids"]) for i in indices], batch_tokens, random.Random(0)):
+        _, stats = head_loss(head, collate(features, [indices[i] for i in batch], device), embed, target_head, ttt_steps)
+        for key in stats:
+            if key.startswith("acc_"):
+                s = key[4:]
+                hits[s] = hits.get(s, 0.0) + stats[key] * stats[f"n_{s}"]
+                inside[s] = inside.get(s, 0.0) + stats[f"n_{s}"]
+                every[s] = every.get(s, 0.0) + stats[f"all_{s}"]
+    steps = sorted(hits, key=int)
+    top1 = [hits[s] / max(every[s], 1.0) for s in steps]
+    chain, expected = 1.0, 1.0
+    for p in top1:
+        chain *= p
+        expected += chain
+    return {"top1": [round(x, 4) for x in top1],
+            "top1_in_vocab": [round(hits[s] / max(inside[s], 1.0), 4) for s in steps],
+            "coverage": round(inside["0"] / max(every["0"], 1.0), 4) if steps else 0.0,
+            "tokens_per_pass": round(expected, 4)}
 
 
 _STEP = re.compile(r"step-(\d+)")
@@ -264,11 +300,30 @@ def _save_checkpoint(accelerator: Any, checkpoints: Path, step: int, trainer: di
     accelerator.wait_for_everyone()
 
 
+def _save_best(head: EagleHead, directory: Path) -> None:
+    """The best head so far, in fp32 (it is returned as is), whole or not at all: a temporary name, then a rename."""
+    from specdec.heads.checkpoint import save_head
+
+    tmp = directory.with_name(f".tmp-{directory.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_head(head, tmp, dtype=torch.float32)
+    old = directory.with_name(f".old-{directory.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: Path, config: TrainConfig,
-               head_config: HeadConfig, *, progress: bool = True, log: Any = print) -> tuple[EagleHead, dict[str, Any]]:
+               head_config: HeadConfig, *, val_idx: list[int] | None = None, progress: bool = True,
+               log: Any = print) -> tuple[EagleHead, dict[str, Any]]:
     """Train a head on ``features[train_idx]``; checkpoints in ``out / "checkpoints"``, resumed when present.
 
-    Returns the trained head (unwrapped, on the verifier's device) and a summary (steps, seconds, losses).
+    With ``val_idx`` (samples it never trains on), every epoch ends with :func:`validate`; the head with the
+    best ``tokens_per_pass`` so far is kept (``checkpoints/best``) and returned, and ``config.patience`` epochs
+    without a better one stop the run. Returns the head (unwrapped, on the verifier's device) and a summary
+    (steps, seconds, losses, ``validation`` per epoch, ``best``).
     """
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -281,7 +336,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         keep, coverage = draft_vocabulary(features, train_idx, size, head_config.vocab_size)
         head_config.draft_vocab_size = len(keep)
         log(f"draft vocabulary: {len(keep)} tokens cover {coverage:.1%} of the training targets")
-    head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps).to(accelerator.device)
+    head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps, config.noise).to(accelerator.device)
     embed, target_head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
     lengths = [len(features.small(i)["input_ids"]) for i in train_idx]
     per_epoch = len(_batches(lengths, config.batch_tokens, random.Random(0)))
@@ -300,12 +355,15 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         step, seconds = state["step"], state.get("seconds", 0.0)
         resumed_from, earlier = step, state.get("history_first", [])
         log(f"resuming from {latest} (step {step} of {total_steps})")
+    best, val_history, stopped = state.get("best"), state.get("val_history", []), bool(state.get("stopped"))
+    if stopped:
+        log(f"the run in {checkpoints} stopped early at step {step}: nothing left to train")
     history: list[dict[str, float]] = []
     bar = tqdm(total=total_steps, initial=step, desc="training head", disable=not progress or not accelerator.is_main_process)
     epoch_batches: dict[int, list[list[int]]] = {}
     started = time.perf_counter() - seconds
     head.train()
-    while step < total_steps:
+    while step < total_steps and not stopped:
         global_index = step * accelerator.num_processes + accelerator.process_index
         epoch, within = divmod(global_index, per_epoch)
         if epoch not in epoch_batches:  # the same order on every process and after a resume
@@ -319,22 +377,45 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         schedule.step()
         optimizer.zero_grad()
         step += 1
-        history.append({"step": step, "loss": float(loss.detach()), **stats})
+        history.append({"step": step, "loss": float(loss.detach()),
+                        **{k: v for k, v in stats.items() if k.startswith(("acc_", "loss_"))}})
         bar.update(1)
         bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc0=f"{stats.get('acc_0', 0):.2f}")
-        if step % config.save_every == 0 or step == total_steps:
+        # an epoch ends where process 0's next batch is in the next epoch: the same step on every process
+        epoch_done = step == total_steps or (step * accelerator.num_processes) // per_epoch != epoch
+        if val_idx and epoch_done:
+            trained = accelerator.unwrap_model(head).head
+            metrics = {"epoch": (step * accelerator.num_processes - 1) // per_epoch + 1, "step": step,
+                       **validate(trained, features, val_idx, embed, target_head, config.ttt_steps,
+                                  config.batch_tokens, accelerator.device)}
+            val_history.append(metrics)
+            better = best is None or metrics["tokens_per_pass"] > best["tokens_per_pass"]
+            if better:
+                best = metrics
+                if main:
+                    _save_best(trained, checkpoints / "best")
+            log(f"epoch {metrics['epoch']}: validation top-1 per step {metrics['top1']}, coverage "
+                f"{metrics['coverage']:.3f}, ~{metrics['tokens_per_pass']:.2f} tokens per pass{' (best)' if better else ''}")
+            stopped = bool(config.patience) and metrics["epoch"] - best["epoch"] >= config.patience and step < total_steps
+            if stopped:
+                log(f"stopping early: no better validation score for {config.patience} epoch(s)")
+        if step % config.save_every == 0 or step == total_steps or (val_idx and epoch_done):
             _save_checkpoint(accelerator, checkpoints, step, {
-                "step": step, "seconds": time.perf_counter() - started,
-                "history_first": (earlier + history)[:20], "history_last": history[-20:]})
+                "step": step, "seconds": time.perf_counter() - started, "best": best, "val_history": val_history,
+                "stopped": stopped, "history_first": (earlier + history)[:20], "history_last": history[-20:]})
     bar.close()
     head.eval()
     model = accelerator.unwrap_model(head).head.to(verifier.device)
+    if best is not None and (checkpoints / "best").is_dir():  # the best validated head, not the last
+        from specdec.heads.checkpoint import load_head
+
+        model = load_head(checkpoints / "best", verifier)
     model.attach(embed, target_head)
     if not history and latest is not None:  # nothing left to train: report what the last run saw
         history = state.get("history_last", [])
     tail, head_of = history[-20:] or [{}], (earlier + history)[:20] or [{}]
     mean = lambda rows: {k: sum(h.get(k, 0.0) for h in rows) / len(rows) for k in rows[0]}  # noqa: E731
     summary = {"resumed_from": resumed_from, "history_first": mean(head_of), "steps": step, "seconds": time.perf_counter() - started, "total_steps": total_steps,
-               "final": mean(tail),
+               "final": mean(tail), "validation": val_history, "best": best, "stopped_early": stopped,
                "train_config": asdict(config)}
     return model, summary
