@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any
 
+from specdec.draft_spec import FORMS
+
 # A grid-free drafter, so the demo's speedup is one a bf16 checkpoint could get too: prompt lookup where
 # the text repeats, else an int8 copy (0.85% weight error). self:int4+head8 is a little faster on the
 # embedded model only because its Q4_1 GGUF already lies on that int4 grid (BENCHMARKS.md section 1).
@@ -23,8 +25,7 @@ GRID_FREE_DRAFTERS = "eagle, self:int8 or prompt-lookup"
 def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None:
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded default) or a local model directory / .gguf")
     p.add_argument("--draft", default=DEMO_DRAFT,
-                   help="drafter: self:SCHEME (e.g. self:int8), prompt-lookup, composite[:SCHEME], layer-skip:N, "
-                        "or a local model path")
+                   help=f"drafter: {FORMS}")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")
     p.add_argument("--tree", choices=("none", "static", "dynamic", "auto"), default="none",
                    help="verify a tree of drafts per pass: static, dynamic (EAGLE-2), or auto (sized from the verifier's "
@@ -101,7 +102,7 @@ def _check_model_and_draft(model: str, draft: str) -> None:
             resolve_model_source(model)
         except ModelNotFoundError as e:
             raise SystemExit(f"error: --model: {e}") from None
-    from specdec.draft_spec import FORMS, DraftSpecError, parse_draft
+    from specdec.draft_spec import DraftSpecError, parse_draft
 
     try:
         spec = parse_draft(draft)
@@ -114,7 +115,7 @@ def _check_model_and_draft(model: str, draft: str) -> None:
             parse_scheme(spec.scheme)
         except UnknownSchemeError as e:
             raise SystemExit(f"error: --draft {draft}: {e}") from None
-    elif spec.kind == "eagle" and spec.head is not None and not os.path.isdir(spec.head):
+    elif spec.kind in ("eagle", "composite") and spec.head is not None and not os.path.isdir(spec.head):
         raise SystemExit(f"error: --draft {draft}: draft head directory {spec.head!r} does not exist")
     elif spec.kind == "path" and draft not in DEFAULT_ALIASES:
         try:
@@ -159,9 +160,11 @@ def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
     elif spec.kind == "prompt-lookup":
         out["description"] = "prompt-lookup: copies n-grams from the prompt and the output so far (no model)"
         out["note"] = "acceptance is high where the output repeats its context (code edits, summaries, quotes), low elsewhere"
-    elif spec.kind == "eagle":
+    elif spec.kind == "eagle" or spec.inner == "eagle":
         where = spec.head or "the head shipped for this model"
-        out["description"] = f"{draft}: a trained draft head (EAGLE style) from {where}, reading the verifier's hidden states"
+        what = "prompt lookup where the text repeats, else " if spec.kind == "composite" else ""
+        out["description"] = (f"{draft}: {what}a trained draft head (EAGLE style) from {where}, reading the verifier's "
+                              "hidden states")
         out["note"] = "grid-free: acceptance comes from training on the verifier's own outputs, as it would for a bf16 model"
         out["grid_bound"] = False
     elif spec.kind == "layer-skip":

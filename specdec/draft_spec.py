@@ -5,6 +5,7 @@ A drafter spec is one of:
 * ``self:SCHEME`` - a quantized copy of the verifier (``self:int8``, ``self:int4:g128+head8``);
 * ``prompt-lookup`` - n-gram copying from the context, no model;
 * ``composite`` / ``composite:SCHEME`` - prompt lookup where the text repeats, else ``self:SCHEME``;
+* ``composite:eagle`` / ``composite:eagle:DIR`` - prompt lookup where the text repeats, else a draft head;
 * ``layer-skip:N`` - the verifier's first N decoder layers;
 * ``eagle`` / ``eagle:DIR`` - an EAGLE-1/2 or EAGLE-3 draft head: the one specdec ships for the
   verifier, or the head in directory ``DIR``;
@@ -44,6 +45,7 @@ class DraftSpec:
     layers: int | None = None  # layer-skip: how many layers
     prefix: str | None = None  # registered: the prefix its builder was registered under
     head: str | None = None  # eagle: the head's directory (None: the head shipped for the verifier)
+    inner: str | None = None  # composite: "eagle" when a head drafts where the lookup finds nothing
 
     @property
     def hf_assistant(self) -> bool:
@@ -53,7 +55,7 @@ class DraftSpec:
         return self.kind in _HF_ASSISTANT_KINDS
 
 
-FORMS = ("self:SCHEME (e.g. self:int8), prompt-lookup, composite[:SCHEME], layer-skip:N, eagle[:DIR], "
+FORMS = ("self:SCHEME (e.g. self:int8), prompt-lookup, composite[:SCHEME], composite:eagle[:DIR], layer-skip:N, eagle[:DIR], "
          "or a local model directory / .gguf file")
 
 
@@ -70,6 +72,11 @@ def parse_draft(spec: str) -> DraftSpec:
         return DraftSpec(spec, "prompt-lookup")
     if spec == "composite":
         return DraftSpec(spec, "composite", scheme=COMPOSITE_DEFAULT_SCHEME)
+    if prefix == "composite" and arg.partition(":")[0] == "eagle":
+        head = arg.partition(":")[2].strip()
+        if arg != "eagle" and not head:
+            raise DraftSpecError(f"drafter {spec!r} needs a head directory after 'eagle:', e.g. composite:eagle:./my-head")
+        return DraftSpec(spec, "composite", head=head or None, inner="eagle")
     if prefix in ("self", "composite"):
         if not arg:
             raise DraftSpecError(f"drafter {spec!r} needs a quantization scheme after ':', e.g. {prefix}:int8")

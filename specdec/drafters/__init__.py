@@ -13,6 +13,7 @@ from specdec.drafters.model import ModelDrafter, VocabularyMismatchError, check_
 from specdec.drafters.composite import CompositeDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.legacy import LegacyDrafter, is_legacy_drafter
+from specdec.drafters.oracle import OracleDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Drafter",
     "LayerSkipDrafter",
     "ModelDrafter",
+    "OracleDrafter",
     "PromptLookupDrafter",
     "Proposal",
     "Rows",
@@ -62,7 +64,8 @@ def resolve_drafter(
     ``draft`` may be a :class:`Drafter`, a transformers causal LM, or a name (see
     :mod:`specdec.draft_spec`): ``"self:SCHEME"`` (a quantized copy of the verifier, e.g.
     ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model), ``"composite"`` /
-    ``"composite:SCHEME"`` (prompt lookup, else a quantized self-copy; default int8),
+    ``"composite:SCHEME"`` (prompt lookup, else a quantized self-copy; default int8), ``"composite:eagle[:DIR]"``
+    (prompt lookup, else a draft head),
     ``"layer-skip:N"`` (the verifier's first N layers), ``"eagle"`` / ``"eagle:DIR"`` (a trained draft
     head: the shipped one for the embedded model, or a local EAGLE / EAGLE-3 directory), a registered
     prefix, or a local model path.
@@ -84,7 +87,8 @@ def resolve_drafter(
     if spec.kind == "prompt-lookup":
         return PromptLookupDrafter()
     if spec.kind == "composite":
-        return CompositeDrafter(resolve_drafter(f"self:{spec.scheme}", verifier))
+        inner = ("eagle" + (f":{spec.head}" if spec.head else "")) if spec.inner == "eagle" else f"self:{spec.scheme}"
+        return CompositeDrafter(resolve_drafter(inner, verifier))
     if spec.kind == "layer-skip":
         return LayerSkipDrafter(verifier, spec.layers)
     if spec.kind == "eagle":
