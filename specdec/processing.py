@@ -14,9 +14,15 @@ from typing import Callable, Sequence
 
 import torch
 from transformers import LogitsProcessorList
+from transformers.generation import logits_process as lp
 
 #: one processor input: (the row's index in the call's batch, that row's context ``[length]``)
 RowContext = tuple[int, torch.LongTensor]
+
+#: transformers' processors that read only the scores, never ``input_ids``: applied to many rows in one call
+CONTEXT_FREE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
+                lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper, lp.TopHLogitsWarper,
+                lp.SuppressTokensLogitsProcessor, lp.LogitNormalization, lp.InfNanRemoveLogitsProcessor)
 
 
 class RowProcessors:
@@ -42,10 +48,22 @@ class RowProcessors:
         return self.batched if self.rows is None else self.rows[row]
 
     def apply(self, contexts: Sequence[RowContext], logits: torch.Tensor) -> torch.Tensor:
-        """Processed scores ``[n, V]`` for ``logits [n, V]``: entry ``i`` with ``contexts[i] = (row, ids)``."""
+        """Processed scores ``[n, V]`` for ``logits [n, V]``: entry ``i`` with ``contexts[i] = (row, ids)``.
+
+        Processors run in their order; a run of context-free ones (temperature, top-k/p, ...: they read
+        only the scores) runs once over all ``n`` entries, the others once per entry with its own row's
+        processor and context. A tree's nodes of one depth are then one call of each warper, not one per node.
+        """
         if not self:
             return logits
-        return torch.cat([self.for_row(r)(ids.unsqueeze(0), logits[i : i + 1]) for i, (r, ids) in enumerate(contexts)])
+        lists = [self.for_row(r) for r, _ in contexts]
+        out = logits
+        for i, processor in enumerate(lists[0]):
+            if isinstance(processor, CONTEXT_FREE):
+                out = processor(torch.zeros(out.shape[0], 1, dtype=torch.long, device=out.device), out)  # ids unread
+            else:
+                out = torch.cat([lists[j][i](ids.unsqueeze(0), out[j : j + 1]) for j, (_, ids) in enumerate(contexts)])
+        return out
 
 
 def build_row_processors(model, config, input_ids: torch.LongTensor, attention_mask: torch.Tensor,

@@ -121,3 +121,36 @@ def test_rows_that_finish_keep_their_own_processors(model, drafts):
     expected = model.generate(ids, **kwargs)
     got = specdec.SpeculativeModel(model, drafts["model"], num_draft_tokens=4).generate(ids, **kwargs)
     assert torch.equal(got, expected)
+
+
+def test_context_free_warpers_run_once_per_depth_not_per_node(model, drafts, monkeypatch):
+    """Sampling trees: temperature / top-k read only the scores, so a depth's nodes share one call (was one per node)."""
+    import transformers.generation.logits_process as lp
+
+    calls = []
+    original = lp.TopKLogitsWarper.__call__
+    monkeypatch.setattr(lp.TopKLogitsWarper, "__call__", lambda self, ids, scores: calls.append(1) or original(self, ids, scores))
+    spec = specdec.SpeculativeModel(model, drafts["model"], num_draft_tokens=4, tree="dynamic")
+    ids, _ = _batch(0)
+    spec.generate(ids[:1], max_new_tokens=NEW, do_sample=True, top_k=20, temperature=0.8, eos_token_id=None,
+                  generator=torch.Generator().manual_seed(0))
+    depth, passes = spec.tree.depth, spec.last_stats.verifier_forwards
+    assert len(calls) <= 1 + passes * (depth + 2)  # first token; per pass: each depth grown, and the verify pass
+
+
+def test_context_free_batching_matches_one_call_per_row():
+    """The batched warpers give exactly what one call per row gives."""
+    from transformers import LogitsProcessorList
+
+    from specdec.processing import RowProcessors
+
+    import transformers.generation.logits_process as lp
+
+    procs = LogitsProcessorList([lp.RepetitionPenaltyLogitsProcessor(1.3), lp.TemperatureLogitsWarper(0.7),
+                                 lp.TopKLogitsWarper(5), lp.TopPLogitsWarper(0.9)])
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, VOCAB, generator=gen)
+    contexts = [(0, torch.randint(0, VOCAB, (n,), generator=gen)) for n in (3, 5, 5, 8, 2, 9)]
+    got = RowProcessors(procs).apply(contexts, logits)
+    want = torch.cat([procs(ids.unsqueeze(0), logits[i:i + 1]) for i, (_, ids) in enumerate(contexts)])
+    assert torch.equal(got, want)
