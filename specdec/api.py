@@ -71,7 +71,10 @@ class SpeculativeModel:
             sampling exact. Drafters: heads, model drafters, prompt lookup, composite.
         tree_cost: for ``tree="auto"``, a :class:`~specdec.trees.sizing.VerifyCost` to use instead of measuring
             the verifier on first use (a few seconds: passes of 1..64 tokens; :meth:`measure_tree_cost` measures
-            it now). Seeded ``auto`` calls are reproducible given this curve: pin it to reproduce them elsewhere.
+            it now). Seeded ``auto`` calls are reproducible given this curve and ``tree_draft_step``: pin both to
+            reproduce them elsewhere (``stats.tree["verify_cost"]`` and ``stats.tree["draft_step_s"]``).
+        tree_draft_step: for seeded ``tree="auto"`` calls, the seconds of one drafter pass to size trees with,
+            instead of measuring it once on a short call (unseeded calls learn it from the clock).
 
     Raises:
         ValueError: a tree whose static ranks or ``top_k`` lie past the verifier's vocabulary, or other
@@ -92,6 +95,7 @@ class SpeculativeModel:
         compile_drafter: bool = False,
         tree: Any = None,
         tree_cost: VerifyCost | None = None,
+        tree_draft_step: float | None = None,
     ) -> None:
         _check_k(num_draft_tokens)
         self.tree: TreeConfig | None = parse_tree(tree)
@@ -124,6 +128,9 @@ class SpeculativeModel:
             for runner in _tree_mask_runners(self.drafter):
                 runner.check_tree_masks()
         self.tree_cost = tree_cost
+        if tree_draft_step is not None and not tree_draft_step >= 0:
+            raise ValueError(f"tree_draft_step must be seconds >= 0, got {tree_draft_step!r}")
+        self._draft_step = tree_draft_step  # auto, seeded calls: one drafter pass in seconds (measured when None)
         self._sizer: TreeSizer | None = None  # auto, unseeded calls: what it learnt carries over between calls
         # auto's cost curve is measured once per object even when its first calls come from several threads
         self._tree_lock = threading.Lock()
@@ -203,11 +210,28 @@ class SpeculativeModel:
         ``auto`` call pays for the measurement. Thread-safe: concurrent first calls measure once and share the curve."""
         if self.tree is None or self.tree.mode != "auto":
             return None
-        if self.tree_cost is None:  # double-checked: the lock is taken only until the curve exists
+        if self.tree_cost is None or self._draft_step is None:  # double-checked: locked only until both exist
             with self._tree_lock:
                 if self.tree_cost is None:
                     self.tree_cost = measure_verify_cost(self.verifier)
+                if self._draft_step is None:
+                    self._draft_step = self._measure_draft_step()
         return self.tree_cost
+
+    def _measure_draft_step(self) -> float:
+        """Seconds of one drafter pass, measured once per object on a short greedy chain over random tokens: the
+        draft cost seeded ``auto`` calls size their trees with (fixed per object, so seeded samples reproduce;
+        a weights ratio guessed 1.6 ms for the shipped head's ~7 ms step)."""
+        device = next(self.model.parameters()).device
+        config = self.model.config.get_text_config()
+        positions = getattr(config, "max_position_embeddings", None) or 64  # a short call fits any model
+        prompt, new = max(1, min(32, positions // 4)), max(1, min(12, positions // 4))
+        ids = torch.randint(0, _vocab_size(self.model), (1, prompt), device=device,
+                            generator=torch.Generator(device=device).manual_seed(0))
+        setup = prepare_generation(self.model, ids, max_new_tokens=new, do_sample=False, eos_token_id=None,
+                                   pad_token_id=None)
+        stats = speculative_generate(self.verifier, self.drafter, setup, max(1, min(4, positions // 4))).stats
+        return stats.draft_seconds / stats.drafter_forwards if stats.drafter_forwards else 0.0
 
     def _tree_plan(self, generator: torch.Generator | None, new_tokens: int) -> TreePlan | None:
         """This call's tree policy, capped to its ``new_tokens``; ``auto`` measures the verifier's cost curve once,
@@ -218,9 +242,8 @@ class SpeculativeModel:
             return TreePlan(self.tree, new_tokens=new_tokens)
         cost = self.measure_tree_cost()
         limit = self.tree.total_tokens
-        if generator is not None:  # reproducible: a clock-free draft cost, nothing carried over from other calls
-            ratio = _draft_cost_ratio(self.drafter, self.model)
-            sizer = TreeSizer(cost, draft_step=ratio * cost(1), max_tokens=limit)
+        if generator is not None:  # reproducible: the object's measured draft cost, nothing carried over from other calls
+            sizer = TreeSizer(cost, draft_step=self._draft_step, max_tokens=limit)
             return TreePlan(self.tree, sizer, new_tokens=new_tokens)
         with self._tree_lock:  # one shared sizer, even for concurrent first calls
             if self._sizer is None or self._sizer.cost is not cost:

@@ -99,6 +99,7 @@ def speculative_generate(
             else:
                 proposal = drafter.propose(rows, policy.choose(room), ctx)
             t1 = time.perf_counter()
+            stats.draft_seconds += t1 - t0
             fed = cache.counts  # real tokens cached per row before this pass
             verify = verify_tree if isinstance(proposal, DraftTree) else verify_chain
             v = verify(cache, rows, proposal, setup, layers, generator)

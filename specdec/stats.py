@@ -89,6 +89,7 @@ class SpecStats:
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     time_to_first_token: float = 0.0
+    draft_seconds: float = 0.0  # time spent proposing (drafter passes and their processing)
     total_time: float = 0.0
     rows: list[RowStats] = field(default_factory=list)
     tree: dict | None = None

@@ -11,6 +11,7 @@ import torch
 import transformers as tf
 
 import specdec
+import specdec.api  # the tests patch names in it (the package imports it lazily)
 from specdec.drafters import CompositeDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.trees import TreeConfig, parse_tree
 from specdec.trees.sizing import VerifyCost, measure_verify_cost
@@ -195,3 +196,22 @@ def test_deep_tree_slots_are_sized_by_the_call(monkeypatch):
     assert torch.equal(_greedy(model, spec), ref)
     assert seen and seen[0] <= IDS.shape[1] + 12 + 4 + 11 * 16 + 4 * 11 + 1
     assert spec.last_stats.tree["depth"] == 10**7  # the summary reports the configuration asked for
+
+
+def test_seeded_auto_sizes_with_the_measured_draft_step_and_it_can_be_pinned():
+    """Seeded auto calls size trees with the drafter's measured step (once per object), not a weights ratio,
+    and two objects given the same curve and step draw the same samples."""
+    model = make_model("llama")
+    draft = perturbed_copy(model, 0.05)
+    ids = torch.randint(3, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    kwargs = dict(max_new_tokens=24, do_sample=True, eos_token_id=None)
+    first = specdec.SpeculativeModel(model, draft, tree="auto")
+    out = first.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs)
+    step = first.last_stats.tree["draft_step_s"]
+    assert step == first._draft_step > 0  # measured on a short call: a model drafter's pass takes time
+    assert first.last_stats.draft_seconds > 0
+    pinned = specdec.SpeculativeModel(model, draft, tree="auto", tree_cost=first.tree_cost, tree_draft_step=step)
+    assert torch.equal(pinned.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs), out)
+    assert pinned.last_stats.tree["draft_step_s"] == step
+    with pytest.raises(ValueError, match="tree_draft_step"):
+        specdec.SpeculativeModel(model, draft, tree="auto", tree_draft_step=-1.0)
