@@ -20,9 +20,10 @@ from transformers.generation import logits_process as lp
 RowContext = tuple[int, torch.LongTensor]
 
 #: transformers' processors that read only the scores, never ``input_ids``: applied to many rows in one call
-CONTEXT_FREE = (lp.TemperatureLogitsWarper, lp.TopKLogitsWarper, lp.TopPLogitsWarper, lp.MinPLogitsWarper,
-                lp.TypicalLogitsWarper, lp.EpsilonLogitsWarper, lp.EtaLogitsWarper, lp.TopHLogitsWarper,
-                lp.SuppressTokensLogitsProcessor, lp.LogitNormalization, lp.InfNanRemoveLogitsProcessor)
+CONTEXT_FREE = tuple(getattr(lp, name) for name in (
+    "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper", "TypicalLogitsWarper",
+    "EpsilonLogitsWarper", "EtaLogitsWarper", "TopHLogitsWarper", "SuppressTokensLogitsProcessor",
+    "LogitNormalization", "InfNanRemoveLogitsProcessor") if hasattr(lp, name))  # older transformers lack some
 
 
 class RowProcessors:
