@@ -64,7 +64,8 @@ def test_trees_accept_more_than_chains_from_the_same_drafter():
     chain = _identical(model, draft, 3, None, new=40)
     tree = _identical(model, draft, 3, {"mode": "dynamic", "top_k": 4, "depth": 4, "total_tokens": 24}, new=40)
     assert tree.mean_accepted_length > chain.mean_accepted_length
-    assert len(tree.acceptance_by_position) >= 2 and tree.rows[0].mean_tree_tokens if hasattr(tree.rows[0], "x") else True
+    assert len(tree.acceptance_by_position) >= 2  # accepted at depth 2 and beyond
+    assert tree.mean_tree_tokens > chain.mean_tree_tokens  # scored more drafts per pass than the chain's 3
 
 
 def test_model_drafter_cache_after_a_tree_equals_a_fresh_prefill():

@@ -73,14 +73,3 @@ def cast_output_hook(dtype: torch.dtype):
         return output
 
     return hook
-
-
-def is_tied(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
-    """True when two tensors are the same storage (tied embeddings)."""
-    if a is None or b is None:
-        return False
-    return a is b or (
-        a.device == b.device
-        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-        and a.shape == b.shape
-    )

@@ -88,12 +88,6 @@ class Plan:
         d["naive_factor"] = self.naive_kv_bytes_per_token / self.kv_bytes_per_token if self.kv_bytes_per_token else None
         return d
 
-    def _rows(self) -> list[tuple[str, int | None, str]]:
-        return render.rows(self)
-
-    def _summary(self) -> list[str]:
-        return render.summary(self)
-
     def title(self) -> str:
         """One-line description of the setup."""
         return render.title(self)

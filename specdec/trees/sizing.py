@@ -119,9 +119,6 @@ class TreeSizer:
         self.calibration = 1.0
         self._predicted = self._accepted = 0.0  # EMAs of what the drafter predicted and what was accepted
 
-    def _rate(self, values: list[float], n: int, passes: int) -> float:
-        return (1 + self.calibration * sum(values[:n])) / (self.cost(n + 1) + passes * self.draft_step)
-
     def select(self, values: list[float], passes: int) -> int:
         """The number of candidates (``values`` best first) with the most expected tokens per second, at least
         one: a pass without drafts would teach the calibration nothing, and a low estimate would then stick

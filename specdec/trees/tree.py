@@ -74,9 +74,6 @@ class DraftTree:
                 kids.setdefault(p, []).append(i)
         return kids
 
-    def max_depth(self) -> int:
-        return max((d for row, ok in zip(self.depths(), self._valid) for d, v in zip(row, ok) if v), default=0)
-
     def verify_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For a verifier pass over ``[root, nodes]``: ``(depth [B, N+1], tree mask [B, N+1, N+1], valid [B, N+1])``;
         each node sees the root, its ancestors and itself."""
