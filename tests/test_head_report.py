@@ -120,3 +120,23 @@ def test_invalid_utf8_and_bad_options_fail_before_the_model_loads(tmp_path, caps
                          (["--tree", "bushy"], "--tree"), (["-k", "0"], "--num-draft-tokens")):
         assert main(["head-report", "--data", str(data), *argv]) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_head_report_command_end_to_end(tmp_path, capsys):
+    """``specdec head-report --json`` on a local tiny verifier and head: verifier responses and prompt rows alike."""
+    from tiny_models import char_tokenizer
+
+    model = make_model("llama")
+    model.save_pretrained(tmp_path / "m")
+    char_tokenizer().save_pretrained(tmp_path / "m")
+    head = _public_eagle3(tmp_path / "head", draft_vocab=60)
+    prompt = _prompts([6])[0]
+    response = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, 6:]
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt_ids": prompt, "response_ids": response.tolist()}) + "\n"
+                    + json.dumps({"prompt": "Tell me about cats."}) + "\n")
+    assert main(["head-report", "--model", str(tmp_path / "m"), "--head", str(head), "--data", str(data),
+                 "--max-new-tokens", "10", "--steps", "2", "-k", "3", "--device", "cpu", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"teacher_forced", "coverage", "online_by_position", "mean_accepted_length"} <= set(report)
+    assert report["samples"] == 2 and len(report["teacher_forced"]) == 2 and report["first_draft"]["mismatches"] == 0
