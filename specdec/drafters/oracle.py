@@ -77,14 +77,7 @@ class OracleDrafter(Drafter):
         width = max(counts, default=0)
         if width == 0:
             return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
-        table = self._device_table(rows.device)
-        if all(c == width for c in counts) and owners == list(range(owners[0], owners[0] + len(owners))) \
-                and len(set(starts)) == 1:
-            # the common case (every row as far along, none retired out of order): one slice, no gather; a copy,
-            # so nothing downstream can write into the table
-            return Proposal(table[owners[0]: owners[0] + len(owners), starts[0]: starts[0] + width].clone())
-        # a row with fewer tokens left repeats its last expected one
-        index = [[s + j if j < c else self._lengths[o] - 1 for j in range(width)]
-                 for o, s, c in zip(owners, starts, counts)]
-        picked = torch.tensor(index, dtype=torch.long, device="cpu").to(rows.device)
-        return Proposal(table[torch.tensor(owners, dtype=torch.long, device="cpu").to(rows.device)].gather(1, picked))
+        # a row with fewer tokens left repeats its last expected one; gather makes a copy of the table's entries
+        index = [[min(s + j, self._lengths[o] - 1) for j in range(width)] for o, s in zip(owners, starts)]
+        table = self._device_table(rows.device)[torch.tensor(owners, dtype=torch.long, device="cpu").to(rows.device)]
+        return Proposal(table.gather(1, torch.tensor(index, dtype=torch.long, device="cpu").to(rows.device)))
