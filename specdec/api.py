@@ -24,7 +24,7 @@ from specdec.stats import SpecStats
 from specdec.trees.config import TreeConfig, parse_tree
 from specdec.trees.plan import TreePlan
 from specdec.trees.sizing import TreeSizer, VerifyCost, measure_verify_cost
-from specdec.verifiers.hf import CausalLMRunner
+from specdec.verifiers.hf import CausalLMRunner, lm_head_rows
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
 
@@ -122,7 +122,7 @@ class SpeculativeModel:
                              "prompt lookup and composite can)")
         if self.tree is not None:
             # a tree's children are top-ranked tokens: ranks / top_k past the vocabulary fail now, not in topk mid-call
-            self.tree = self.tree.fit_vocab(_vocab_size(model))
+            self.tree = self.tree.fit_vocab(lm_head_rows(model))
             # a model that would ignore the tree mask is refused now, not mid-call: the verifier and the model drafter
             self.verifier.check_tree_masks()
             for runner in _tree_mask_runners(self.drafter):
@@ -226,7 +226,7 @@ class SpeculativeModel:
         config = self.model.config.get_text_config()
         positions = getattr(config, "max_position_embeddings", None) or 64  # a short call fits any model
         prompt, new = max(1, min(32, positions // 4)), max(1, min(12, positions // 4))
-        ids = torch.randint(0, _vocab_size(self.model), (1, prompt), device=device,
+        ids = torch.randint(0, lm_head_rows(self.model), (1, prompt), device=device,
                             generator=torch.Generator(device=device).manual_seed(0))
         setup = prepare_generation(self.model, ids, max_new_tokens=new, do_sample=False, eos_token_id=None,
                                    pad_token_id=None)
@@ -275,13 +275,6 @@ class SpeculativeModel:
             prefill_tokens=shape[1],
             draft_len=k,
         )
-
-
-def _vocab_size(model: torch.nn.Module) -> int:
-    """Rows of the verifier's LM head (the logits' width; the config's ``vocab_size`` when it has no weight)."""
-    head = model.get_output_embeddings()
-    weight = getattr(head, "weight", None)
-    return int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)
 
 
 def _tree_mask_runners(drafter: Drafter) -> list[CausalLMRunner]:

@@ -13,7 +13,7 @@ from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
 from specdec.processing import RowContext
 from specdec.trees.build import TreeShape, grow_tree
 from specdec.trees.tree import DraftTree
-from specdec.verifiers.hf import CausalLMRunner, shares_kv_layout
+from specdec.verifiers.hf import CausalLMRunner, lm_head_rows, shares_kv_layout
 from specdec.verifiers.session import CacheSession
 
 # Vocabulary sizes may differ by embedding padding (rounded up to a multiple of 64/128...);
@@ -23,15 +23,6 @@ _MAX_VOCAB_PADDING = 1024
 
 class VocabularyMismatchError(ValueError):
     """The drafter and the verifier do not speak the same token ids."""
-
-
-def _vocab_size(model: PreTrainedModel) -> int:
-    """Rows of the LM head (quantized heads may have no ``.weight``)."""
-    head = model.get_output_embeddings()
-    weight = getattr(head, "weight", None)
-    if isinstance(weight, torch.Tensor):
-        return int(weight.shape[0])
-    return int(getattr(head, "out_features", None) or model.config.vocab_size)
 
 
 def check_vocab_compat(
@@ -45,7 +36,7 @@ def check_vocab_compat(
     With both tokenizers, the token-to-id maps must agree on every id the verifier knows. Without
     them, the special token ids must agree and the head sizes may differ only by padding.
     """
-    v_size, d_size = _vocab_size(verifier), _vocab_size(drafter)
+    v_size, d_size = lm_head_rows(verifier), lm_head_rows(drafter)
     if d_size < v_size:  # it could never propose (nor give a probability to) the verifier's last ids
         raise VocabularyMismatchError(
             f"the drafter's vocabulary is smaller than the verifier's: drafter head {d_size} rows, verifier "

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.verifiers.hf import lm_head_rows
+
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 PRIOR = 1.0  # pseudo-count of the calibration: accepted / predicted starts at 1 and moves with evidence
 
@@ -60,8 +62,7 @@ def measure_verify_cost(runner, sizes: tuple[int, ...] = SIZES, context: int = 2
     model = runner.model
     device = model.device
     sizes, context = _fit_positions(model.config, tuple(sizes), context)
-    vocab = int(model.get_output_embeddings().weight.shape[0]) if hasattr(model.get_output_embeddings(), "weight") \
-        else int(model.config.vocab_size)
+    vocab = lm_head_rows(model)
     gen = torch.Generator(device="cpu").manual_seed(0)
     prompt = torch.randint(0, vocab, (1, context), generator=gen, device="cpu").to(device)
     session, _ = runner.prefill(prompt, None, context + max(sizes) + 1)

@@ -27,6 +27,15 @@ from transformers import PreTrainedModel
 from specdec.verifiers.session import CacheSession, StepOutput
 
 
+def lm_head_rows(model: PreTrainedModel) -> int:
+    """Rows of ``model``'s LM head, the width of its logits (quantized heads may have no ``.weight``)."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
+    return int(getattr(head, "out_features", None) or model.config.vocab_size)
+
+
 def _compile_errors() -> tuple[type[BaseException], ...]:
     """What a failed ``torch.compile`` raises (no compiler, unsupported op), as opposed to a model error."""
     errors: list[type[BaseException]] = []
