@@ -24,6 +24,17 @@ def _shard_path(directory: Path, index: int) -> Path:
     return directory / f"features-{index:05d}.safetensors"
 
 
+@torch.inference_mode()
+def verifier_features(model: Any, ids: torch.Tensor, mask: torch.Tensor | None, layers: tuple[int, ...]
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a head learns from, for right-padded ``ids [B, T]``: the hidden states it reads (``layers`` of
+    ``output_hidden_states``, concatenated), the final normed state (its targets go through ``lm_head``) and
+    the verifier's greedy token at each position."""
+    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
+    final = out.hidden_states[model.config.get_text_config().num_hidden_layers]
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1), final, out.logits.argmax(-1)
+
+
 def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path, layers: tuple[int, ...], *,
                      shard_samples: int = 256, batch_size: int = 8, progress: bool = True) -> list[Path]:
     """Run the verifier over prompt + response of every sample and write the features it reads.
@@ -48,7 +59,6 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
             what = "layers" if recorded.get("layers") != index["layers"] else "samples"
             raise TrainHeadError(f"{directory} holds features of other {what}; use --overwrite to start afresh")
     write_atomic(index_path, json.dumps(index))
-    final_layer = model.config.get_text_config().num_hidden_layers
     shards = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
     paths = []
     device = model.device
@@ -69,15 +79,13 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
                 for b, r in enumerate(rows):  # right padding: causal attention leaves real positions exact
                     ids[b, :len(r)] = torch.tensor(r, dtype=torch.long, device=device)
                     mask[b, :len(r)] = 1
-                with torch.inference_mode():
-                    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-                hidden = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+                hidden, final, top = verifier_features(model, ids, mask, layers)
                 for b, r in enumerate(rows):
                     n = len(r)
                     parts["input_ids"].append(ids[b, :n].cpu())
                     parts["hidden"].append(hidden[b, :n].to("cpu", FEATURE_DTYPE))
-                    parts["final"].append(out.hidden_states[final_layer][b, :n].to("cpu", FEATURE_DTYPE))
-                    parts["top"].append(out.logits[b, :n].argmax(-1).cpu())
+                    parts["final"].append(final[b, :n].to("cpu", FEATURE_DTYPE))
+                    parts["top"].append(top[b, :n].cpu())
                 bar.update(len(batch))
             lengths = torch.tensor([len(t) for t in parts["input_ids"]], dtype=torch.long, device="cpu")
             tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}

@@ -16,36 +16,35 @@ import torch
 
 from specdec.drafters.base import DraftContext, Proposal, Rows
 from specdec.drafters.eagle import EagleDrafter
+from specdec.heads.features import verifier_features
 from specdec.heads.modules import EagleHead
-from specdec.heads.train import TrainingKeyValues
+from specdec.heads.train import head_loss, teacher_forced_summary, ttt_outputs
 
 #: a teacher-forced logit this close to the best counts as a float near-tie, not a disagreement
 NEAR_TIE = 1e-3
 
 
-@torch.no_grad()
-def teacher_forced(head: EagleHead, verifier: Any, layers: Sequence[int], ids: Sequence[int], steps: int = 1
-                   ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Per training-time step, the head's logits ``[n, V_draft]`` over slots ``0..n-1`` of ``ids`` (slot ``i``:
-    feature ``i`` and token ``i + 1``; it predicts token ``i + 2`` at step 0), and the verifier's greedy
-    token after each position ``[n + 1]`` (``top[i + 1]`` is slot ``i``'s target)."""
+def verifier_batch(verifier: Any, layers: Sequence[int], prompt_ids: Sequence[int], response_ids: Sequence[int]
+                   ) -> dict[str, torch.Tensor]:
+    """One response as a training batch (:func:`~specdec.heads.train.collate`'s keys), its features from the
+    verifier now (in its own dtype, not the bf16 a feature cache stores)."""
     device = next(verifier.parameters()).device
-    row = torch.tensor([list(ids)], dtype=torch.long, device=device)
-    out = verifier(input_ids=row, output_hidden_states=True, use_cache=False)
-    feats = torch.cat([out.hidden_states[i] for i in layers], dim=-1)[:, :-1]
-    n = row.shape[1] - 1
+    ids = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long, device=device)
+    hidden, final, top = verifier_features(verifier, ids, None, tuple(layers))
+    return {"input_ids": ids, "hidden": hidden, "final": final, "top": top,
+            "lengths": torch.tensor([ids.shape[1]], dtype=torch.long, device=device),
+            "prompt_lengths": torch.tensor([len(prompt_ids)], dtype=torch.long, device=device)}
+
+
+@torch.no_grad()
+def step0_logits(head: EagleHead, verifier: Any, layers: Sequence[int], ids: Sequence[int]) -> torch.Tensor:
+    """The head's teacher-forced step-0 logits ``[n, V_draft]`` over slots ``0..n-1`` of ``ids`` (slot ``i``: feature
+    ``i`` and token ``i + 1``; it predicts token ``i + 2``), as training computes them."""
+    batch = verifier_batch(verifier, layers, ids[:1], ids[1:])
     dtype = next(head.parameters()).dtype
-    embeds = head.embed(row[:, 1:]).to(dtype)
-    positions = torch.arange(n, device=device).unsqueeze(0)
-    kv = TrainingKeyValues(n, device)
-    state, logits = head.input_hidden(embeds, feats.to(dtype)), []
-    for s in range(steps):
-        hidden = head(embeds, state, positions, kv)
-        logits.append(head.logits(hidden)[0].float())
-        if s + 1 < steps:  # as in training: the next step reads this step's output at the previous slot
-            state = torch.cat([hidden[:, :1] * 0, hidden[:, :-1]], dim=1)
-            kv.next_step()
-    return logits, out.logits[0].argmax(-1)
+    embeds = head.embed(batch["input_ids"][:, 1:]).to(dtype)
+    out = next(ttt_outputs(head, embeds, batch["hidden"][:, :-1].to(dtype), 1))
+    return head.logits(out)[0].float()
 
 
 @dataclass
@@ -129,8 +128,8 @@ def compare_first_drafts(verifier: Any, head: EagleHead, run: dict[str, Any]) ->
     ``correct_at_pass_starts`` (share of passes whose teacher-forced draft is the verifier's token there:
     online first-draft acceptance), against ``correct_everywhere`` (the same over every generated position)."""
     drafter = run["drafter"]
-    forced = [teacher_forced(head, verifier, drafter.hidden_layers, seq) for seq in run["outputs"]]
-    best = [head.to_target(logits[0].argmax(-1)) for logits, _ in forced]
+    forced = [step0_logits(head, verifier, drafter.hidden_layers, seq) for seq in run["outputs"]]
+    best = [head.to_target(logits.argmax(-1)) for logits in forced]
     equal = near = correct = 0
     mismatches = []
     for r, committed, token in run["first"]:
@@ -140,7 +139,7 @@ def compare_first_drafts(verifier: Any, head: EagleHead, run: dict[str, Any]) ->
         if guess == token:
             equal += 1
             continue
-        logits, local = forced[r][0][0][slot], _draft_index(drafter, token)
+        logits, local = forced[r][slot], _draft_index(drafter, token)
         if local is not None and float(logits.max() - logits[local]) <= NEAR_TIE * max(1.0, float(logits.abs().max())):
             near += 1
         else:
@@ -177,22 +176,12 @@ def head_report(verifier: Any, head: EagleHead, samples: list[dict[str, Any]], *
     comparable with ``teacher_forced[i]``), ``online_acceptance_by_position`` (accepted over proposed at each position),
     ``mean_accepted_length`` (tokens per verify pass), ``first_draft`` (:func:`compare_first_drafts`, mismatches counted).
     """
-    drafter_layers = RecordingEagle(head, verifier, FirstDrafts()).hidden_layers
-    hits, in_vocab_hits, counts, in_vocab_counts = [0] * steps, [0] * steps, [0] * steps, [0] * steps
-    covered = targets = 0
-    for sample in samples:
-        ids = list(sample["prompt_ids"]) + list(sample["response_ids"])
-        logits, top = teacher_forced(head, verifier, drafter_layers, ids, steps)
-        first = len(sample["prompt_ids"]) - 1  # the first slot that drafts a response token
-        target = top[1:]
-        inside = head.t2d[target] if head.config.kind == "eagle3" else torch.ones_like(target, dtype=torch.bool)
-        covered, targets = covered + int(inside[first:].sum()), targets + len(target) - first
-        for s, step in enumerate(logits):
-            right = head.to_target(step.argmax(-1))[first + s:] == target[first + s:]
-            hits[s] += int(right.sum())
-            counts[s] += len(right)
-            in_vocab_hits[s] += int((right & inside[first + s:]).sum())
-            in_vocab_counts[s] += int(inside[first + s:].sum())
+    layers = RecordingEagle(head, verifier, FirstDrafts()).hidden_layers
+    target_head = verifier.get_output_embeddings()
+    with torch.no_grad():  # embedded as drafting embeds (the head's own table when it has one)
+        forced = teacher_forced_summary(
+            head_loss(head, verifier_batch(verifier, layers, s["prompt_ids"], s["response_ids"]), head.embed, target_head,
+                      steps)[1] for s in samples)
     run = online_run(verifier, head, [list(s["prompt_ids"]) for s in samples], k=k, tree=tree,
                      new_tokens=[max(2, len(s["response_ids"])) for s in samples])
     proposed, accepted, committed = [], [], []
@@ -206,9 +195,8 @@ def head_report(verifier: Any, head: EagleHead, samples: list[dict[str, Any]], *
     first = compare_first_drafts(verifier, head, run)
     ratio = lambda a, b: round(a / b, 4) if b else 0.0  # noqa: E731
     return {
-        "teacher_forced": [ratio(h, c) for h, c in zip(hits, counts)],
-        "teacher_forced_in_vocab": [ratio(h, c) for h, c in zip(in_vocab_hits, in_vocab_counts)],
-        "coverage": ratio(covered, targets),
+        "teacher_forced": forced["top1"], "teacher_forced_in_vocab": forced["top1_in_vocab"],
+        "coverage": forced["coverage"],
         "online_by_position": [ratio(a, r) for a, r in zip(accepted, reached)],
         "online_acceptance_by_position": [ratio(a, p) for a, p in zip(accepted, proposed)],
         "mean_accepted_length": ratio(sum(committed), len(committed)),
@@ -216,6 +204,6 @@ def head_report(verifier: Any, head: EagleHead, samples: list[dict[str, Any]], *
                         "near_ties": first["near_ties"], "mismatches": len(first["mismatches"]),
                         "accepted_at_pass_starts": round(first["correct_at_pass_starts"], 4),
                         "teacher_forced_everywhere": round(first["correct_everywhere"], 4)},
-        "samples": len(samples), "response_tokens": targets, "k": k,
+        "samples": len(samples), "response_tokens": sum(len(s["response_ids"]) for s in samples), "k": k,
         "tree": tree if tree is None or isinstance(tree, str) else str(tree),
     }

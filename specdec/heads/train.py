@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -174,12 +174,9 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
             in_vocab = torch.ones_like(target_top, dtype=torch.bool)
         target_p = torch.softmax(target_logits.float(), dim=-1)
         draft_ids = ids_t if head.config.kind == "eagle3" else None
-    positions = slot.expand(ids.shape[0], -1)
-    kv = TrainingKeyValues(n, ids.device)
     steps = ttt_steps if head.config.kind == "eagle3" else 1
-    total, stats, state = 0.0, {}, head.input_hidden(embeds, feats)
-    for s in range(steps):
-        out = head(embeds, state, positions, kv)
+    total, stats = 0.0, {}
+    for s, out in enumerate(ttt_outputs(head, embeds, feats, steps)):
         logits = head.logits(out).float()
         response = real & (slot - s >= first)
         mask = response & in_vocab
@@ -195,10 +192,23 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
         guess = draft_ids[guess] if draft_ids is not None else guess
         stats[f"acc_{s}"] = float(((guess == target_top) & mask).sum() / count)
         stats[f"loss_{s}"] = float(loss.detach())
+    return total, stats
+
+
+def ttt_outputs(head: EagleHead, embeds: torch.Tensor, feats: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
+    """The head's outputs ``[B, n, H]`` at each training-time step over ``n`` slots (slot ``i``: ``feats[:, i]``
+    and the token embedded in ``embeds[:, i]``): step 0 reads the verifier's features, step ``s`` the head's own
+    output of step ``s - 1`` at the previous slot (as drafting does), attending as :class:`TrainingKeyValues` says."""
+    n = embeds.shape[1]
+    positions = torch.arange(n, device=embeds.device).view(1, -1).expand(embeds.shape[0], -1)
+    kv = TrainingKeyValues(n, embeds.device)
+    state = head.input_hidden(embeds, feats)
+    for s in range(steps):
+        out = head(embeds, state, positions, kv)
+        yield out
         if s + 1 < steps:  # the next step reads this step's output at the previous slot
             state = torch.cat([out[:, :1] * 0, out[:, :-1]], dim=1)
             kv.next_step()
-    return total, stats
 
 
 class _WithLoss(nn.Module):
@@ -219,9 +229,16 @@ def validate(head: EagleHead, features: FeatureSet, indices: list[int], embed: n
     training-time step over every response target, ``top1_in_vocab`` over those the draft vocabulary holds,
     ``coverage`` (step 0's targets in the draft vocabulary) and ``tokens_per_pass``, ``1 + sum_s prod_{j<=s}
     top1_j``: what a chain of ``ttt_steps`` drafts would commit per verify pass if drafts failed independently."""
+    batches = _batches([len(features.small(i)["input_ids"]) for i in indices], batch_tokens, random.Random(0))
+    return teacher_forced_summary(head_loss(head, collate(features, [indices[i] for i in batch], device), embed,
+                                            target_head, ttt_steps)[1] for batch in batches)
+
+
+def teacher_forced_summary(batch_stats: Iterable[dict[str, float]]) -> dict[str, Any]:
+    """:func:`validate`'s numbers from the :func:`head_loss` statistics of several batches (counts summed, so
+    every target weighs the same whatever its batch)."""
     hits, inside, every = {}, {}, {}
-    for batch in _batches([len(features.small(i)["input_ids"]) for i in indices], batch_tokens, random.Random(0)):
-        _, stats = head_loss(head, collate(features, [indices[i] for i in batch], device), embed, target_head, ttt_steps)
+    for stats in batch_stats:
         for key in stats:
             if key.startswith("acc_"):
                 s = key[4:]
