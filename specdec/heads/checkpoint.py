@@ -119,12 +119,13 @@ def check_against(config: HeadConfig, state: dict[str, torch.Tensor] | None, ver
         problems.append(f"it reads hidden states of size {config.target_hidden_size}, the verifier's are {hidden}")
     # the head's own width meets the verifier's twice: tokens are embedded with the verifier's table unless the
     # checkpoint brings embed_tokens, and an EAGLE-1/2 head's output goes through the verifier's lm_head
-    reasons, reference = [], hidden
-    if config.kind == "eagle" and config.hidden_size != hidden:
+    reasons = []
+    through_lm_head = config.kind == "eagle" and config.hidden_size != hidden
+    if through_lm_head:
         reasons.append("an EAGLE head's output goes through the verifier's lm_head")
     if (state is None or "embed_tokens.weight" not in state) and config.hidden_size != embed_width:
         reasons.append("the head has no embed_tokens of its own and embeds with the verifier's")
-        reference = hidden if reasons[0].startswith("an EAGLE") else embed_width
+    reference = hidden if through_lm_head else embed_width
     if reasons:
         problems.append(f"hidden_size {config.hidden_size} differs from the verifier's {reference} ({'; '.join(reasons)})")
     if config.vocab_size != vocab:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm.auto import tqdm
 
-from specdec.heads.prompts import TrainHeadError, TrainPrompt
+from specdec.heads.prompts import TrainHeadError, TrainPrompt, write_atomic
 from specdec.heads.self_instruct import LICENSE, SOURCE, build_prompt, normalise, self_instruct_requests
 from specdec.prompts import encode_prompt
 
@@ -55,9 +55,7 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
 
 def _rewrite_clean(path: Path, rows: list[dict[str, Any]]) -> None:
     """Rewrite ``path`` with only its complete rows (after a torn write), atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def _end_line(path: Path) -> None:

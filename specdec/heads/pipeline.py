@@ -51,8 +51,6 @@ SETTINGS_FILE = "settings.json"
 HEAD_FILES = ("model.safetensors", "config.json", "README.md", "training.json")
 #: how the verifier writes its own prompts (fixed; recorded so that a change in a later version is seen)
 SELF_PROMPT_SAMPLING = {"do_sample": True, "temperature": 0.8, "max_new_tokens": 160, "tasks": "self_instruct v2"}
-#: where ``stop_after`` may stop a run (everything before it is made, nothing after)
-STAGES = ("data", "features")
 
 
 class ResumeError(TrainHeadError):
