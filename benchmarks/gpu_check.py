@@ -63,7 +63,7 @@ MANIFEST = GGUF_NAME + ".manifest.json"
 DEFAULT_CARRY_DIRS = ("gpu_carry", "shared/gpu_carry", "/tmp/gpu_carry")
 SELF_SCHEMES = ("int8", "int4", "int8-weight-only", "nf4")  # tried in stage 4; the unavailable are listed
 
-#: random-weight model shapes: Llama-3.2-1B and Llama-3.1-8B, and a toy for --quick. ``caps``: seconds per stage.
+#: random-weight model shapes: Llama-3.2-1B and Llama-3.1-8B, SmolLM2-135M, and a toy for --quick. ``caps``: seconds per stage.
 SHAPES: dict[str, dict[str, Any]] = {
     "1b": dict(config=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                            num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
@@ -71,6 +71,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     "8b": dict(config=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                            num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
                caps=dict(build=120, verify_cost=50, engine_overhead=180, drafter_costs=100)),
+    # the embedded model's shape (SmolLM2-135M), for CPU runs of stage 3 (the oracle ceiling on this machine)
+    "135m": dict(config=dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                             num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
+                 caps=dict(build=60, verify_cost=120, engine_overhead=900, drafter_costs=300)),
     # initializer_range 0.3 spreads the toy's logits (no near-ties), as tests/tiny_models.py does
     "tiny": dict(config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=256, initializer_range=0.3, tie_word_embeddings=False),
@@ -233,7 +237,8 @@ def stage_environment(entry: dict[str, Any], device: str) -> None:
 
 
 def compile_verifier_supported() -> bool:
-    """Whether this specdec's :class:`~specdec.SpeculativeModel` takes ``compile_verifier`` (a later issue adds it)."""
+    """Whether this specdec's :class:`~specdec.SpeculativeModel` takes ``compile_verifier`` (a checkout older than
+    issue 25 part 1 does not; the check still runs there)."""
     from specdec.api import SpeculativeModel
 
     return "compile_verifier" in inspect.signature(SpeculativeModel.__init__).parameters
@@ -394,8 +399,8 @@ def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, An
             spec = SpeculativeModel(model, oracle, num_draft_tokens=k, **options)
             name = f"specdec[oracle,k={k}{',compile_verifier' if compiled else ''}]"
             runner = Runner(MethodSpec("specdec", "oracle", k), model, spec=spec)
-            for _ in range(2 if compiled else 1):  # warm-up (and compile) untimed
-                runner(ids, warm, None, mask)
+            compile_seconds = spec.prime_verifier(args.new_tokens, [ids.shape[1]]) if compiled else None
+            runner(ids, warm, None, mask)  # warm-up, untimed
             probe = runner(ids, gen, None, mask)[0]
             identical = probe.output_ids == reference
             calibrations = 0
@@ -409,7 +414,7 @@ def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, An
             measured, seconds = _median_run(runner, ids, mask, gen, args.repeats)
             row = _row(name, measured, seconds, curve, k=k)
             row.update(identical_to_generate=identical, calibration_runs=calibrations,
-                       compile_verifier=compiled)
+                       compile_verifier=compiled, verifier_compile_seconds=_r(compile_seconds, 1))
             rows.append(row)
 
     if not args.no_compiled:
@@ -772,6 +777,8 @@ def stage_spec_bench(entry: dict[str, Any], args: argparse.Namespace, dirs: list
     if scheme:
         methods += [f"hf-assisted[self:{scheme}]", f"specdec[self:{scheme},k={k}]"]
     methods += [f"specdec[{eagle},k={ke}]", f"specdec[{eagle},k={ke},tree=auto]"]
+    if torch.device(device).type == "cuda" and compile_verifier_supported():  # where CUDA graphs pay: same run
+        methods += [m[:-1] + ",compiled]" for m in methods if m.startswith("specdec[")]
     eval_dir = out / "spec_bench"
     config = EvalConfig(out_dir=eval_dir, methods=methods, max_new_tokens=args.spec_new_tokens, plots=False,
                         progress=False, overwrite=True, model_name=model_name, dataset=source)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
@@ -18,8 +18,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from specdec.arguments import prepare_generation
 from specdec.draft_length import AdaptiveDraftLength
 from specdec.drafters import CompositeDrafter, Drafter, ModelDrafter, resolve_drafter
-from specdec.engine import call_slots, speculative_generate
+from specdec.engine import speculative_generate
 from specdec.sizing import check_fits
+from specdec.slots import cache_slots, pass_widths, static_slots
 from specdec.stats import SpecStats
 from specdec.trees.config import TreeConfig, parse_tree
 from specdec.trees.plan import TreePlan
@@ -75,12 +76,19 @@ class SpeculativeModel:
             reproduce them elsewhere (``stats.tree["verify_cost"]`` and ``stats.tree["draft_step_s"]``).
         tree_draft_step: for seeded ``tree="auto"`` calls, the seconds of one drafter pass to size trees with,
             instead of measuring it once on a short call (unseeded calls learn it from the clock).
+        compile_verifier: run every verify pass after the prefill through ``torch.compile`` over a static cache
+            (``mode="reduce-overhead"``, CUDA graphs, on CUDA; inductor's default elsewhere): passes padded to a few
+            fixed widths, the whole cache buffer under a mask, finished rows kept as masked dummies, so a call meets
+            a handful of shapes. The first call of each shape compiles (:meth:`prime` does it up front); the cache
+            buffers are pooled between calls (one per batch size and length in use, as transformers' static cache).
+            Greedy output stays ``model.generate``'s up to float near-ties (compiled kernels round differently).
+            A dict is passed to ``torch.compile`` (``{"mode": "max-autotune"}``, ``{"backend": "eager"}``).
 
     Raises:
         ValueError: a tree whose static ranks or ``top_k`` lie past the verifier's vocabulary, or other
             options no call could use.
-        UnsupportedModelError: a tree with a verifier or model drafter that cannot take a tree mask
-            (flash / flex attention, sliding windows).
+        UnsupportedModelError: a tree with a verifier or model drafter that cannot take a tree mask, or
+            ``compile_verifier`` with a verifier that cannot (flash / flex attention, sliding windows).
     """
 
     def __init__(
@@ -96,6 +104,7 @@ class SpeculativeModel:
         tree: Any = None,
         tree_cost: VerifyCost | None = None,
         tree_draft_step: float | None = None,
+        compile_verifier: bool | dict[str, Any] = False,
     ) -> None:
         _check_k(num_draft_tokens)
         self.tree: TreeConfig | None = parse_tree(tree)
@@ -105,6 +114,11 @@ class SpeculativeModel:
         self.model = model
         self.tokenizer = tokenizer
         self.verifier = CausalLMRunner(model, role="verifier")
+        if not isinstance(compile_verifier, (bool, dict)):
+            raise ValueError(f"compile_verifier must be a bool or a dict of torch.compile options, got {compile_verifier!r}")
+        self.compile_verifier = compile_verifier is not False
+        if self.compile_verifier:
+            self.verifier.compile_static(compile_verifier if isinstance(compile_verifier, dict) else None)
         self.drafter: Drafter = resolve_drafter(
             draft, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer
         )
@@ -183,7 +197,9 @@ class SpeculativeModel:
         if batch > 1 and setup.config.return_dict_in_generate and (setup.config.output_scores or setup.config.output_logits):
             raise NotImplementedError("output_scores / output_logits are supported for batch size 1 only")
         plan = self._tree_plan(generator, setup.max_length - setup.input_ids.shape[1])
-        slots = call_slots(setup, k) + (0 if plan is None else plan.config.extra_slots)
+        slots, widths = self._slots(*setup.input_ids.shape, setup.max_length, k, plan)
+        if self.compile_verifier:  # the verifier's static cache is longer: padded passes, rounded length
+            slots = static_slots(slots, widths)
         self._check_memory(setup.input_ids.shape, slots, k if plan is None else plan.config.max_nodes)
         result = speculative_generate(
             self.verifier,
@@ -203,6 +219,26 @@ class SpeculativeModel:
             sequences=result.sequences, scores=result.scores, logits=result.logits, spec_stats=result.stats
         )
 
+
+    def prime_verifier(self, max_new_tokens: int, prompt_lengths: Iterable[int] = (1,), batch_size: int = 1,
+                       num_draft_tokens: int | None = None, progress: Any = None) -> float:
+        """With ``compile_verifier``: compile now every verify-pass shape that calls with these prompt lengths,
+        ``batch_size`` and ``max_new_tokens`` will meet, so no timed call compiles; returns the seconds spent
+        (0 without ``compile_verifier``). ``progress(done, total)`` is told after each shape. Trees are primed for
+        their widest configuration; ``auto`` measures its cost curve first (it runs the verifier eagerly)."""
+        if not self.compile_verifier:
+            return 0.0
+        k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
+        _check_k(k)
+        plan = self._tree_plan(None, max_new_tokens)
+        shapes = [self._slots(batch_size, n, n + max_new_tokens, k, plan) for n in sorted(set(prompt_lengths))]
+        return self.verifier.prime_static([(batch_size, slots) for slots, _ in shapes], shapes[0][1],
+                                          self.drafter.hidden_layers, progress)
+
+    def _slots(self, batch: int, prompt: int, max_length: int, k: int, plan: TreePlan | None) -> tuple[int, tuple[int, ...]]:
+        """The cache slots of one call and its verify passes' widths, as the engine computes them."""
+        slots = cache_slots(batch, prompt, max_length, k) + (0 if plan is None else plan.config.extra_slots)
+        return slots, pass_widths(k, None if plan is None else plan.config.max_nodes)
 
     def measure_tree_cost(self) -> VerifyCost | None:
         """``tree="auto"``'s verifier cost curve, measured now if it was neither given (``tree_cost=``) nor measured

@@ -32,6 +32,9 @@ def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None
                         "measured cost per pass); none: chains")
     p.add_argument("--compile-drafter", action="store_true",
                    help="run the drafter through torch.compile (faster steps; the first calls compile for about a minute)")
+    p.add_argument("--compile-verifier", action="store_true",
+                   help="run the verify passes through torch.compile over a static cache (CUDA graphs on CUDA); the "
+                        "graphs are compiled before generating")
     p.add_argument("--max-new-tokens", type=int, default=default_new_tokens)
     p.add_argument("--num-draft-tokens", "-k", type=int, default=None, help="tokens drafted per verifier pass")
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts raw instead of as a chat turn")
@@ -66,7 +69,8 @@ def _load(args: argparse.Namespace):
     _log(f"building drafter {args.draft} (k={k}) ...")
     try:
         spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer,
-                                        adaptive=args.adaptive, compile_drafter=args.compile_drafter, tree=args.tree)
+                                        adaptive=args.adaptive, compile_drafter=args.compile_drafter, tree=args.tree,
+                                        compile_verifier=args.compile_verifier)
     except drafter_errors() as e:
         raise SystemExit(f"error: --draft {args.draft}{'' if args.tree == 'none' else f' --tree {args.tree}'}: "
                          f"{_one_line(e)}") from None
@@ -213,7 +217,8 @@ def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int
     model, tokenizer, spec = _load(args)
     drafter = drafter_summary(args.draft, model)
     _log(f"drafter {drafter['description']}")
-    _log(f"running {len(prompts)} prompts, {args.max_new_tokens} new tokens, plain generate vs specdec ...")
+    _log(f"running {len(prompts)} prompts, {args.max_new_tokens} new tokens, plain generate vs specdec"
+         f"{' (compiling the verify passes first)' if args.compile_verifier else ''} ...")
     result = compare(
         model,
         tokenizer,
@@ -268,9 +273,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = {}
     if args.do_sample:
         sampling = {k: v for k, v in dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p).items() if v is not None}
+    encoded = [encode_prompt(tokenizer, item["prompt"], not args.no_chat_template) for item in prompts]
+    if args.compile_verifier:
+        _log("compiling the verify passes (a minute or two on a CPU; cached on disk for later runs) ...")
+        seconds = spec.prime_verifier(args.max_new_tokens, [ids.shape[1] for ids in encoded])
+        _log(f"compiled in {seconds:.1f}s")
     records = []
-    for item in prompts:
-        ids = encode_prompt(tokenizer, item["prompt"], not args.no_chat_template)
+    for item, ids in zip(prompts, encoded):
         streamer = None if args.json else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
         out = spec.generate(
             ids, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, streamer=streamer, generator=generator,

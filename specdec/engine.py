@@ -23,7 +23,7 @@ from specdec.arguments import GenerationSetup
 from specdec.committed import CommittedRows
 from specdec.draft_length import FixedDraftLength
 from specdec.drafters.base import Commit, DraftContext, Drafter, Rows
-from specdec.slots import cache_slots
+from specdec.slots import cache_slots, pass_widths
 from specdec.stats import SpecStats
 from specdec.trees.plan import TreePlan
 from specdec.trees.tree import DraftTree
@@ -80,7 +80,8 @@ def speculative_generate(
         streamer.put(setup.input_ids.cpu())
     drafter, layers = drafter.for_call(), drafter.hidden_layers  # per call: concurrent calls never share state
     slots = call_slots(setup, k_max) + (0 if tree is None else tree.config.extra_slots)
-    cache, prompt = verifier.prefill(setup.input_ids, setup.attention_mask, slots, hidden_layers=layers)
+    widths = pass_widths(k_max, None if tree is None else tree.config.max_nodes)  # compiled passes' shapes
+    cache, prompt = verifier.prefill(setup.input_ids, setup.attention_mask, slots, hidden_layers=layers, widths=widths)
     try:
         drafter.start(setup.input_ids, setup.attention_mask, slots, verifier=cache, hidden=prompt.hidden)
         ctx = DraftContext(setup.processors, setup.do_sample, generator, vocab_size=prompt.logits.shape[-1])

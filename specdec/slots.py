@@ -21,3 +21,30 @@ def cache_slots(batch_size: int, prompt_len: int, max_length: int, num_draft_tok
         raise ValueError(f"max_length ({max_length}) is shorter than the prompt ({prompt_len})")
     slack = 0 if batch_size <= 1 else (max_length - prompt_len) // 4 + 2 * (num_draft_tokens + 1)
     return max_length + slack
+
+
+#: compiled verify passes: cache lengths are rounded up to a multiple of this, so calls of similar lengths share graphs
+STATIC_LENGTH_STEP = 256
+
+
+def pass_widths(num_draft_tokens: int, max_nodes: int | None = None) -> tuple[int, ...]:
+    """The few token counts a compiled verify pass is padded to where graphs need fixed shapes (``compile_verifier``
+    with CUDA graphs): a chain's ``1..k + 1`` (a drafter may propose fewer than ``k``, and a pass of one token
+    costs less than one of ``k + 1``); a tree's ``1 + nodes`` go up to the next power of two, capped at
+    ``max_nodes + 1``, so a call meets a handful of shapes, never one per size."""
+    if max_nodes is None:
+        return tuple(range(1, num_draft_tokens + 2))
+    top = max_nodes + 1
+    widths = {1, top}
+    width = 2
+    while width < top:
+        widths.add(width)
+        width *= 2
+    return tuple(sorted(widths))
+
+
+def static_slots(slots: int, widths: tuple[int, ...]) -> int:
+    """Slots of a compiled verifier's cache for a call that needs ``slots``: room for a pass padded to the
+    widest width, rounded up to :data:`STATIC_LENGTH_STEP` (calls of similar lengths then share one shape)."""
+    need = slots + max(widths)
+    return -(-need // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP

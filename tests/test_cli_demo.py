@@ -14,7 +14,8 @@ from specdec.cli import drafter_summary, main
 from test_quant_grid import grid_snapped_llama, tiny_llama
 
 SUMMARY_KEYS = {"prompts", "identical", "speedup", "acceptance_rate", "mean_accepted_length", "plain_tokens_per_s",
-                "spec_tokens_per_s", "new_tokens", "num_draft_tokens", "draft", "per_prompt", "tree", "mean_tree_tokens"}
+                "spec_tokens_per_s", "new_tokens", "num_draft_tokens", "draft", "per_prompt", "tree", "mean_tree_tokens",
+                "compile_verifier", "verifier_compile_seconds"}
 DRAFT_KEYS = {"draft_description", "draft_note", "draft_weight_error", "draft_head_weight_error", "draft_grid_bound"}
 
 
@@ -112,3 +113,17 @@ def test_drafter_summary(draft, start, grid_bound):
     s = drafter_summary(draft, grid_snapped_llama())
     assert s["description"].startswith(start) and s["grid_bound"] is grid_bound
     assert s["note"] and "\n" not in s["description"] + s["note"]
+
+
+def test_demo_and_generate_compile_the_verifier_when_asked(plain_dir, capsys, tmp_path):
+    """``--compile-verifier``: the verify passes are compiled before the timed generations; output stays identical."""
+    data = json.loads(_demo(plain_dir, capsys, "--json", "--draft", "prompt-lookup", "--compile-verifier")
+                      .strip().splitlines()[-1])
+    assert data["compile_verifier"] is True and data["verifier_compile_seconds"] > 0 and data["identical"] == 1
+    data = json.loads(_demo(plain_dir, capsys, "--json", "--draft", "prompt-lookup").strip().splitlines()[-1])
+    assert data["compile_verifier"] is False and data["verifier_compile_seconds"] is None
+    assert main(["generate", "--model", plain_dir, "--draft", "prompt-lookup", "--prompt", "hello",
+                 "--max-new-tokens", "6", "--compile-verifier", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "compiling the verify passes" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["prompts"] == 1

@@ -540,3 +540,27 @@ def test_eval_tree_methods_report_tree_and_tree_tokens(tiny_dirs, tmp_path, caps
     assert MethodSpec.parse(tree["name"]).tree == "dynamic"
     with pytest.raises(SystemExit):
         eval_main(argv[:6] + ["--tree", "bushy"])
+
+
+def test_eval_compile_verifier_primes_before_timing_and_reports_it(tiny_dirs, tmp_path, capsys):
+    """``--compile-verifier both``: each specdec method eager and compiled in one run; every compiled pass shape
+    primed before timing (none inside a timed call), reported apart; chains and trees identical to hf."""
+    model_dir, draft_dir, data = tiny_dirs
+    argv = ["--model", str(model_dir), "--draft", str(draft_dir), "-k", "3", "--tree", "none", "dynamic",
+            "--dataset", str(data), "--max-new-tokens", "8", "--baselines", "hf", "--out", str(tmp_path),
+            "--no-progress", "--no-plots", "--json", "--compile-verifier", "both"]
+    assert eval_main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["config"]["compile_verifier"] == "both"
+    by_name = {m["name"]: m for m in summary["methods"]}
+    for tree in ("", ",tree=dynamic"):
+        eager, compiled = by_name[f"specdec[{draft_dir},k=3{tree}]"], by_name[f"specdec[{draft_dir},k=3{tree},compiled]"]
+        assert eager["compile_verifier"] is False and eager["verifier_compile_seconds"] is None
+        assert compiled["compile_verifier"] is True and compiled["verifier_graphs_in_calls"] == 0
+        assert compiled["verifier_compile_seconds"] >= 0
+        assert eager["identical"] == compiled["identical"] == summary["prompts"]
+        assert MethodSpec.parse(compiled["name"]).compiled and not MethodSpec.parse(eager["name"]).compiled
+    assert sum(m.get("verifier_compile_seconds") or 0 for m in summary["methods"]) > 0
+    assert "priming their graphs took" in (tmp_path / "report.md").read_text()
+    with pytest.raises(SystemExit):
+        eval_main(argv[:-1] + ["sometimes"])

@@ -91,8 +91,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                      help="verify chains (none) or trees of drafts per pass; several run each specdec method with each "
                           "(e.g. --tree none auto compares chain and tree in one run)")
     gen.add_argument("--compile-drafter", action="store_true",
-                     help="run specdec's model drafters through torch.compile (compiled during the warm-up; "
-                          "the verifier is compiled only by the hf-compiled baseline)")
+                     help="run specdec's model drafters through torch.compile (compiled during the warm-up)")
+    gen.add_argument("--compile-verifier", nargs="?", const="on", choices=("on", "both"), default=None,
+                     help="run specdec's verify passes through torch.compile over a static cache (CUDA graphs on CUDA); "
+                          "every pass shape is compiled before timing and reported apart (verifier_compile_seconds); "
+                          "'both' runs each specdec method eagerly and compiled (specdec[...,compiled]) in one run")
     gen.add_argument("--num-draft-tokens", "-k", nargs="+", type=_positive, default=[4], metavar="K",
                      help="draft lengths to evaluate specdec at (default: 4)")
     gen.add_argument("--baselines", type=_baselines, default=list(DEFAULT_BASELINES),
@@ -191,7 +194,7 @@ def run_eval(args: argparse.Namespace) -> int:
         adaptive=args.adaptive, tree=args.tree, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=not args.no_chat_template,
         prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size,
-        compile_drafter=args.compile_drafter, warmup=not args.no_warmup, progress=not args.no_progress,
+        compile_drafter=args.compile_drafter, compile_verifier={None: False, "on": True, "both": "both"}[args.compile_verifier], warmup=not args.no_warmup, progress=not args.no_progress,
         plots=not args.no_plots, overwrite=args.overwrite, model_name=args.model, dataset=str(dataset),
         summary_config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
                         "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "tree": args.tree,

@@ -4,7 +4,7 @@ besides the model, the tokenizer and the prompts."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from specdec.eval.methods import (
@@ -12,6 +12,7 @@ from specdec.eval.methods import (
     DEFAULT_DRAFT,
     DEFAULT_PROMPT_LOOKUP_TOKENS,
     HF,
+    SPECDEC,
     MethodSpec,
     batchable,
     plan_methods,
@@ -52,6 +53,10 @@ class EvalConfig:
             ``generate`` on the same batch, and the HF speculative baselines (single-row only in
             transformers) are left out with a warning.
         compile_drafter: run specdec's model drafters through ``torch.compile`` (compiled in the warm-up).
+        compile_verifier: specdec's verify passes through ``torch.compile`` (``SpeculativeModel(compile_verifier=True)``),
+            every graph compiled before timing (warm-up or not); ``"both"`` runs each specdec method eagerly and
+            compiled (``specdec[...,compiled]``), to compare them in one run. ``summary.json`` gives each specdec
+            method's ``compile_verifier`` and ``verifier_compile_seconds``.
         warmup: one short untimed generation per method before the first timed one.
         progress: tqdm bar on stderr.
         plots: write PNG plots.
@@ -78,6 +83,7 @@ class EvalConfig:
     prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS
     batch_size: int = 1
     compile_drafter: bool = False
+    compile_verifier: bool | str = False
     warmup: bool = True
     progress: bool = True
     plots: bool = True
@@ -92,6 +98,8 @@ class EvalConfig:
             raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        if self.compile_verifier not in (False, True, "both"):
+            raise ValueError(f"compile_verifier must be False, True or 'both', got {self.compile_verifier!r}")
 
     def plan(self) -> list[MethodSpec]:
         """The methods of the run: ``methods`` (with ``hf`` first) or those planned from ``baselines``,
@@ -100,11 +108,19 @@ class EvalConfig:
             drafts = [self.draft] if isinstance(self.draft, str) else list(self.draft)
             ks = [self.num_draft_tokens] if isinstance(self.num_draft_tokens, int) else list(self.num_draft_tokens)
             trees = [self.tree] if self.tree is None or isinstance(self.tree, str) else list(self.tree)
-            methods = plan_methods(self.baselines, drafts, ks, adaptive=self.adaptive, trees=trees)
+            methods = plan_methods(self.baselines, drafts, ks, adaptive=self.adaptive, trees=trees,
+                                   compiled=self.verifier_modes)
         else:
             parsed = [m if isinstance(m, MethodSpec) else MethodSpec.parse(m) for m in self.methods]
+            parsed = [replace(m, compiled=c) if m.kind == SPECDEC and self.compile_verifier else m
+                      for m in parsed for c in (self.verifier_modes if m.kind == SPECDEC else (m.compiled,))]
             methods = list(dict.fromkeys([MethodSpec(HF), *parsed]))
         return batchable(methods) if self.batch_size > 1 else methods
+
+    @property
+    def verifier_modes(self) -> tuple[bool, ...]:
+        """Whether specdec methods run with eager and/or compiled verify passes (``compile_verifier``)."""
+        return {False: (False,), True: (True,), "both": (False, True)}[self.compile_verifier]
 
     def generate_kwargs(self, tokenizer: Any) -> dict[str, Any]:
         """The ``generate`` arguments every method gets."""

@@ -9,6 +9,7 @@ step; specdec's own statistics for :class:`specdec.SpeculativeModel`. :class:`Co
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
@@ -53,6 +54,7 @@ class Measurement:
     proposed: int | None = None  # draft tokens the verifier scored (a tree's nodes; a chain's drafts)
     tree: dict | None = None  # the tree configuration used (None: chains)
     compiled_graphs: int | None = None  # hf-compiled: graphs torch.compile built during this (timed) call
+    verifier_graphs_in_call: int | None = None  # compile_verifier: verify-pass shapes compiled during this (timed) call
 
 
 class _StepTimer(BaseStreamer):
@@ -158,6 +160,7 @@ class Runner:
                  assistant_settings: Mapping[str, Any] | None = None):
         self.method, self.model, self.extra, self.spec = method, model, dict(extra or {}), spec
         self.assistant_settings = dict(assistant_settings or {})
+        self.verifier_compile_seconds: float | None = None  # compile_verifier: priming this method's graphs took
 
     def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
                  mask: torch.Tensor | None = None) -> list[Measurement]:
@@ -209,6 +212,8 @@ class Runner:
         # an adaptive method has a SpeculativeModel of its own, built with max k = method.k: passing k per call
         # is only needed for the fixed-k methods, which share one SpeculativeModel per drafter
         k = None if self.method.adaptive else self.method.k
+        static = self.spec.verifier.static
+        shapes = None if static is None else static.shapes_seen
         start = time.perf_counter()
         out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=k, generator=generator, **gen_kwargs)
         _sync(ids.device)
@@ -221,6 +226,8 @@ class Runner:
             result.accepted_per_position = list(row.accepted_per_position)
             result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
             result.proposed, result.tree = row.proposed, stats.tree
+            if static is not None:  # counted once per call, on its first row
+                result.verifier_graphs_in_call = 0 if result is not results[0] else static.shapes_seen - shapes
         return results
 
 
@@ -324,7 +331,8 @@ def build_runners(
     """One runner per method; each drafter is built once and shared by its specdec and HF-assisted methods.
 
     ``compile_drafter`` compiles specdec's model drafters (not the module HF assisted generation uses:
-    the compiled forward belongs to the drafter, the module is left as it is).
+    the compiled forward belongs to the drafter, the module is left as it is). Methods with ``compiled`` get
+    compiled verify passes (:func:`prime_verifiers` compiles them).
     """
     from specdec.api import SpeculativeModel
 
@@ -347,13 +355,13 @@ def build_runners(
             settings = HEURISTIC_ASSISTANT if m.kind == HF_ASSISTED_HEURISTIC else None
             runners[m.name] = Runner(m, model, {"assistant_model": assistant}, assistant_settings=settings)
         else:
-            key = (m.draft, m.k if m.adaptive else None, m.tree)  # an adaptive policy learns per method
+            key = (m.draft, m.k if m.adaptive else None, m.tree, m.compiled)  # an adaptive policy learns per method
             if key not in specs:
                 drafter = drafts[m.draft].draft
                 if compile_drafter and drafter.compilable and not any(s.drafter is drafter for s in specs.values()):
                     drafter.compile()  # once per drafter: its SpeculativeModels share it
                 specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
-                                              adaptive=m.adaptive, tree=m.tree)
+                                              adaptive=m.adaptive, tree=m.tree, compile_verifier=m.compiled)
             runners[m.name] = Runner(m, model, spec=specs[key])
     return runners
 
@@ -366,8 +374,37 @@ def measure_tree_costs(runners: Mapping[str, Runner]) -> None:
         spec.measure_tree_cost()
 
 
-def prime_drafters(runners: Mapping[str, Runner]) -> None:
-    """Compile every specdec drafter of ``runners`` for each input shape class now, not inside a timed call."""
+def prime_verifiers(runners: Mapping[str, Runner], batches: Sequence[tuple[tuple[torch.Tensor, torch.Tensor], Sequence[Any]]],
+                    max_new_tokens: int, progress: bool = True) -> None:
+    """Compile every verify-pass graph the specdec methods of ``runners`` will meet on ``batches`` (encoded
+    ``(ids, mask)`` with the methods pending on them), untimed; each runner's ``verifier_compile_seconds`` is the
+    priming of its own shapes (graphs another method compiled first are shared, so they cost it little)."""
+    from tqdm.auto import tqdm
+
+    todo = [r for r in runners.values() if r.spec is not None and r.spec.compile_verifier]
+    bar = tqdm(total=len(todo), desc="compiling verify passes", unit="method", disable=not progress, file=sys.stderr)
+    try:
+        for runner in todo:
+            mine = [ids for (ids, _), pending in batches if runner.method in pending]
+            lengths_by_batch: dict[int, set[int]] = {}
+            for ids in mine:
+                lengths_by_batch.setdefault(ids.shape[0], set()).add(ids.shape[1])
+            k = None if runner.method.adaptive else runner.method.k
+            runner.verifier_compile_seconds = sum(
+                runner.spec.prime_verifier(max_new_tokens, lengths, batch_size=batch, num_draft_tokens=k)
+                for batch, lengths in sorted(lengths_by_batch.items()))
+            bar.set_postfix_str(f"{runner.method.name}: {runner.verifier_compile_seconds:.0f}s")
+            bar.update(1)
+    finally:
+        bar.close()
+
+
+def prime_drafters(runners: Mapping[str, Runner], progress: bool = True) -> None:
+    """Compile every specdec drafter of ``runners`` for each input shape class now, not inside a timed call
+    (a tqdm bar on stderr: a drafter compiles for a minute or more on a CPU)."""
+    from tqdm.auto import tqdm
+
     drafters = {id(r.spec.drafter): r.spec.drafter for r in runners.values() if r.spec is not None}
-    for drafter in drafters.values():
+    for drafter in tqdm(drafters.values(), desc="compiling drafters", unit="drafter", disable=not progress,
+                        file=sys.stderr):
         drafter.prime()

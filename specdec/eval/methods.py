@@ -8,7 +8,8 @@
   (its adaptive draft length);
 - ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
 - ``specdec[D,k=K]``: :class:`specdec.SpeculativeModel` with drafter ``D`` drafting ``K`` tokens per pass;
-  ``specdec[D,k=K,tree=T]`` verifies a tree of drafts per pass (``T``: static, dynamic or auto).
+  ``specdec[D,k=K,tree=T]`` verifies a tree of drafts per pass (``T``: static, dynamic or auto);
+  ``specdec[...,compiled]`` runs its verify passes through ``torch.compile`` (``compile_verifier``).
 
 Drafter names are resolved by :func:`specdec.drafters.resolve_drafter`, the one resolver;
 :func:`resolve_draft` adds what HF assisted generation needs from the same drafter.
@@ -53,6 +54,7 @@ class MethodSpec:
     k: int | None = None
     adaptive: bool = False  # specdec only: choose the draft length per step, up to k
     tree: str | None = None  # specdec only: static | dynamic | auto (None: chains)
+    compiled: bool = False  # specdec only: verify passes through torch.compile (compile_verifier)
 
     def __post_init__(self) -> None:
         if self.kind not in (*BASELINE_KINDS, SPECDEC):
@@ -63,13 +65,16 @@ class MethodSpec:
             raise ValueError(f"specdec needs a draft length k >= 1, got {self.k!r}")
         if self.tree is not None and (self.kind != SPECDEC or self.tree not in TREE_MODES):
             raise ValueError(f"tree={self.tree!r}: trees are for specdec methods, one of {', '.join(TREE_MODES)}")
+        if self.compiled and self.kind != SPECDEC:
+            raise ValueError(f"compiled verify passes are for specdec methods, not {self.kind} (hf-compiled is HF's)")
 
     @property
     def name(self) -> str:
         """Stable name used in records and ``summary.json``: ``hf``, ``hf-assisted[self:int8]``, ``specdec[self:int8,k=4]``."""
         if self.kind == SPECDEC:
             tree = f",tree={self.tree}" if self.tree else ""
-            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}]"
+            compiled = ",compiled" if self.compiled else ""
+            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}{compiled}]"
         if self.kind in ASSISTED_KINDS:
             return f"{self.kind}[{self.draft}]"
         return self.kind
@@ -82,10 +87,11 @@ class MethodSpec:
     @classmethod
     def parse(cls, name: str) -> "MethodSpec":
         """Inverse of :attr:`name`."""
-        m = re.fullmatch(r"(hf-assisted-heuristic|hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?(?:,tree=(\w+))?\]",
-                         name.strip())
+        m = re.fullmatch(r"(hf-assisted-heuristic|hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?(?:,tree=(\w+))?"
+                         r"(,compiled)?\]", name.strip())
         if m:
-            return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)), m.group(5))
+            return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)), m.group(5),
+                       bool(m.group(6)))
         return cls(name.strip())
 
 
@@ -134,10 +140,11 @@ def plan_methods(
     num_draft_tokens: Iterable[int] = (4,),
     adaptive: bool = False,
     trees: Iterable[str | None] = (None,),
+    compiled: Iterable[bool] = (False,),
 ) -> list[MethodSpec]:
     """The methods of a run: ``hf`` (always: it is the reference), ``hf-compiled`` when asked for, the other
-    baselines, then specdec per drafter, k and tree (``None`` or ``"none"``: chains)
-    (and, with ``adaptive``, each chain method again with adaptive draft length up to k).
+    baselines, then specdec per drafter, k, tree (``None`` or ``"none"``: chains) and ``compiled`` (eager and/or
+    compiled verify passes) (and, with ``adaptive``, each chain method again with adaptive draft length up to k).
 
     ``hf-assisted`` is planned for each drafter that is a causal LM; for the others a warning says
     why it is left out.
@@ -159,9 +166,10 @@ def plan_methods(
     if HF_PROMPT_LOOKUP in baselines:
         methods.append(MethodSpec(HF_PROMPT_LOOKUP))
     trees = [None if t in (None, "none") else t for t in trees]
-    methods += [MethodSpec(SPECDEC, d, k, tree=t) for d in drafts for k in ks for t in trees]
+    compiled = list(compiled)
+    methods += [MethodSpec(SPECDEC, d, k, tree=t, compiled=c) for d in drafts for k in ks for t in trees for c in compiled]
     if adaptive:
-        methods += [MethodSpec(SPECDEC, d, k, adaptive=True) for d in drafts for k in ks]
+        methods += [MethodSpec(SPECDEC, d, k, adaptive=True, compiled=c) for d in drafts for k in ks for c in compiled]
     return list(dict.fromkeys(methods))
 
 

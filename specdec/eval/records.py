@@ -31,10 +31,10 @@ OUTPUT_FILES = (SUMMARY_FILE, REPORT_FILE, *PLOT_FILES)
 #: settings that change what a recorded (prompt, method) pair means: a resume must match them
 RESUME_KEYS = ("model", "dataset", "dtype", "device", "device_name", "num_processes", "max_new_tokens", "do_sample",
                "temperature", "top_p", "seed", "chat_template", "prompt_lookup_num_tokens", "batch_size",
-               "compile_drafter", "warmup")
+               "compile_drafter", "compile_verifier", "warmup")
 #: keys that only matter to some methods: ``None`` (no such method in that run) matches any value
 _OPTIONAL_KEYS = ("prompt_lookup_num_tokens",)
-_RESUME_DEFAULTS = {"batch_size": 1, "compile_drafter": False}  # runs recorded before these keys existed
+_RESUME_DEFAULTS = {"batch_size": 1, "compile_drafter": False, "compile_verifier": False}  # runs recorded before these keys existed
 
 
 def shard_path(out_dir: Path, rank: int = 0, world: int = 1) -> Path:

@@ -28,6 +28,10 @@ over total): ``k`` for a fixed-k method (less only where ``max_length`` leaves l
 adaptive k drafts less. ``hf-compiled`` adds ``compile_seconds`` (the untimed compile before its first
 timed call; the largest over the runs its records come from) and ``compiled_graphs`` (graphs compiled
 inside timed calls, which should be 0); its ``identical`` counts greedy outputs equal to ``hf``'s.
+Each specdec method has ``compile_verifier`` (its verify passes ran through ``torch.compile``), and with it
+``verifier_compile_seconds`` (the untimed priming of its pass shapes; graphs another method compiled first are
+shared, so they cost it little) and ``verifier_graphs_in_calls`` (pass shapes compiled inside timed calls, which
+should be 0); both are ``null`` without it.
 """
 
 from __future__ import annotations
@@ -114,6 +118,14 @@ def _compile_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             "max_cache_len": max((r.get("max_cache_len") or 0 for r in rows), default=None)}
 
 
+def _verifier_compile_figures(rows: Sequence[Mapping[str, Any]], compiled: bool) -> dict[str, Any]:
+    """A specdec method's ``compile_verifier``: whether its verify passes were compiled, the untimed priming of its
+    graphs (largest over the runs that recorded ``rows``) and the pass shapes compiled inside timed calls."""
+    seconds = [r["verifier_compile_seconds"] for r in rows if r.get("verifier_compile_seconds") is not None]
+    return {"compile_verifier": compiled, "verifier_compile_seconds": _round(max(seconds)) if seconds else None,
+            "verifier_graphs_in_calls": sum(r.get("verifier_graphs_in_call") or 0 for r in rows) if compiled else None}
+
+
 def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], prompts: Sequence[Prompt],
                   config: Mapping[str, Any]) -> dict[str, Any]:
     """The ``summary.json`` dict for ``methods`` (objects with ``name``/``kind``/``draft``/``k``/``speculative``)
@@ -141,6 +153,7 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
             entry.update(_compile_figures(rows(m.name)))
         if m.kind == "specdec":  # the configuration used: the last record's (auto: with what it learnt)
             entry["tree"] = next((r.get("tree") for r in reversed(rows(m.name)) if r.get("tree")), None)
+            entry.update(_verifier_compile_figures(rows(m.name), bool(getattr(m, "compiled", False))))
         entry["groups"] = {
             g: _figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference, compare)
             for g in groups
@@ -232,6 +245,20 @@ def _compile_note(summary: Mapping[str, Any]) -> str:
     return note
 
 
+def _verifier_compile_note(summary: Mapping[str, Any]) -> str:
+    """One paragraph on compiled verify passes (``--compile-verifier``), or ``""``."""
+    compiled = [m for m in summary["methods"] if m.get("compile_verifier")]
+    if not compiled:
+        return ""
+    total = sum(m.get("verifier_compile_seconds") or 0.0 for m in compiled)
+    note = (f"specdec's verify passes ran through `torch.compile` (`--compile-verifier`); priming their graphs took "
+            f"{total:.1f} s in all before the first timed call, not in any tok/s.")
+    inside = sum(m.get("verifier_graphs_in_calls") or 0 for m in compiled)
+    if inside:
+        note += f" {inside} more pass shape(s) compiled inside timed calls: those are in their tok/s."
+    return note
+
+
 def _sections(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     out = [(OVERALL, *_table_rows(summary, None))]
     if len(summary["groups"]) > 1:  # a single group's table would repeat the overall one
@@ -248,8 +275,9 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
               "`mean len` the tokens committed per verifier pass, `draft len` the draft tokens proposed per verifier "
               "pass (k, or less where adaptive k drafts less; for `tree=` methods the tree's nodes, and `accept` is "
               "accepted over scored nodes), `identical` the greedy outputs equal to `hf`'s.", ""]
-    if _compile_note(summary):
-        lines += [_compile_note(summary), ""]
+    for note in (_compile_note(summary), _verifier_compile_note(summary)):
+        if note:
+            lines += [note, ""]
     if summary.get("incomplete_prompts"):
         lines += [f"{summary['incomplete_prompts']} prompt(s) not completed by every method are left out.", ""]
     for title, head, body in _sections(summary):
@@ -265,8 +293,9 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
 def render_html(summary: Mapping[str, Any]) -> str:
     """HTML tables of the report (for Jupyter)."""
     parts = [f"<p>{html.escape(_describe(summary))}</p>"]
-    if _compile_note(summary):
-        parts.append(f"<p>{html.escape(_compile_note(summary))}</p>")
+    for note in (_compile_note(summary), _verifier_compile_note(summary)):
+        if note:
+            parts.append(f"<p>{html.escape(note)}</p>")
     parts += [_html_table(head, body, title) for title, head, body in _sections(summary)]
     head, body = _position_rows(summary)
     if body:

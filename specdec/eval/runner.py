@@ -27,6 +27,7 @@ from specdec.eval.measure import (
     build_runners,
     measure_tree_costs,
     prime_drafters,
+    prime_verifiers,
     restore_compile_state,
 )
 from specdec.eval.methods import (
@@ -35,6 +36,7 @@ from specdec.eval.methods import (
     HF_ASSISTED_HEURISTIC,
     HF_COMPILED,
     HF_PROMPT_LOOKUP,
+    SPECDEC,
     MethodSpec,
     rotate,
 )
@@ -151,6 +153,7 @@ def _run_config(model: Any, tokenizer: Any, config: EvalConfig, methods: Sequenc
                                      if any(m.kind == HF_PROMPT_LOOKUP for m in methods) else None),
         "batch_size": config.batch_size,
         "compile_drafter": config.compile_drafter,
+        "compile_verifier": config.compile_verifier,
         "warmup": config.warmup,
     }
 
@@ -169,6 +172,9 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     encoded = [encode_batch(tokenizer, [p.text for _, p in batch], config.chat, device) for batch, _ in todo]
     warm_seed = config.seed if config.do_sample else None
     measure_tree_costs(runners)  # tree=auto's cost curve: measured here, warm-up or not, never inside a timed call
+    if config.compile_verifier:  # every verify-pass graph compiled now, warm-up or not, never inside a timed call
+        prime_verifiers(runners, [(e, pending) for e, (_, pending) in zip(encoded, todo)], config.max_new_tokens,
+                        config.progress)
 
     compiled = runners.get(HF_COMPILED)
     if isinstance(compiled, CompiledRunner):
@@ -181,7 +187,7 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     if config.warmup:  # the first calls pay for allocations, kernel selection, lazy imports: not timed
         ids, mask = encoded[0]
         if config.compile_drafter:  # every input shape class compiled now, not inside a timed call
-            prime_drafters(runners)
+            prime_drafters(runners, config.progress)
         for m in needed:
             if m.kind != HF_COMPILED:  # warmed up by its compile above
                 runners[m.name](ids, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, config.max_new_tokens)},
@@ -233,6 +239,10 @@ def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt
             if m.kind == HF_COMPILED:
                 runner = runners[m.name]
                 rec.update(compile_seconds=runner.compile_seconds, max_cache_len=runner.max_cache_len)
+            elif m.kind == SPECDEC and runners[m.name].verifier_compile_seconds is not None:
+                runner = runners[m.name]
+                rec.update(verifier_compile_seconds=runner.verifier_compile_seconds,
+                           verifier_graphs_in_call=result.verifier_graphs_in_call)
             records.append(rec)
     return records
 

@@ -59,6 +59,8 @@ class Comparison:
     num_draft_tokens: int = 0
     draft: str = ""
     tree: dict | None = None  # the tree configuration of the last call (None: chains)
+    compile_verifier: bool = False
+    verifier_compile_seconds: float | None = None  # compile_verifier: priming its graphs, before any timed call
 
     @property
     def mean_tree_tokens(self) -> float:
@@ -104,6 +106,9 @@ class Comparison:
             "draft": self.draft,
             "tree": self.tree,
             "mean_tree_tokens": round(self.mean_tree_tokens, 4),
+            "compile_verifier": self.compile_verifier,
+            "verifier_compile_seconds": (None if self.verifier_compile_seconds is None
+                                         else round(self.verifier_compile_seconds, 2)),
             "per_prompt": [{k: v for k, v in asdict(r).items() if k not in ("prompt", "text")} for r in self.results],
         }
 
@@ -143,6 +148,10 @@ def compare(
     prompts = list(prompts)
     result = Comparison(num_draft_tokens=spec.num_draft_tokens, draft=str(getattr(spec, "draft_name", "")))
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    if spec.compile_verifier and prompts:  # every verify-pass graph compiled now, never inside a timed call
+        lengths = [encode_prompt(tokenizer, item["prompt"], chat).shape[1] for item in prompts]
+        result.compile_verifier = True
+        result.verifier_compile_seconds = spec.prime_verifier(max_new_tokens, lengths)
     if warmup and prompts:
         ids = encode_prompt(tokenizer, prompts[0]["prompt"], chat)
         model.generate(ids, **{**kwargs, "max_new_tokens": 4})

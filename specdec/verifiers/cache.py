@@ -9,6 +9,11 @@ numerics match plain ``model.generate`` and decode on CPU does no work for empty
 Rolling back the rejected draft tokens is ``cache.rollback(n)``: the length pointer moves back and
 the stale slots are overwritten by the next write. No copy, no reallocation.
 
+Compiled verify passes (``compile_verifier``, docs/design.md "Compiled verify passes") need fixed shapes:
+there a layer writes at a *tensor* pointer (:attr:`ManagedLayer.write_at`, set by the session outside the
+graph) and returns the whole buffer, which the session's full-width mask restricts to the valid slots, as
+transformers' ``StaticLayer`` does. The integer pointer still moves (outside the graph), so rollback is unchanged.
+
 Sliding-window layers keep the whole context too (the model's sliding mask hides what is out of
 the window); this makes rollback trivially exact at the cost of memory. ``specdec.sizing`` counts
 the managed cache the same way.
@@ -35,20 +40,30 @@ class ManagedLayer(CacheLayerMixin):
         super().__init__()
         self.max_cache_len = int(max_cache_len)
         self.length = 0
+        # static passes: a 0-d long tensor, the first slot to write (shared by every layer of a cache)
+        self.write_at: torch.Tensor | None = None
+        self.zero_init = False  # allocate zeroed buffers (static caches)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
         batch, heads = key_states.shape[:2]
         shape_k = (batch, heads, self.max_cache_len, key_states.shape[-1])
         shape_v = (batch, value_states.shape[1], self.max_cache_len, value_states.shape[-1])
-        # torch.empty: slots past `length` are never read, so there is nothing to zero.
-        self.keys = torch.empty(shape_k, dtype=self.dtype, device=self.device)
-        self.values = torch.empty(shape_v, dtype=value_states.dtype, device=self.device)
+        # torch.empty: slots past `length` are never read, so there is nothing to zero; static passes read the
+        # whole buffer under a mask, and a masked NaN still poisons attention (NaN * 0), so theirs start at zero.
+        alloc = torch.zeros if self.write_at is not None or self.zero_init else torch.empty
+        self.keys = alloc(shape_k, dtype=self.dtype, device=self.device)
+        self.values = alloc(shape_v, dtype=value_states.dtype, device=self.device)
         self.is_initialized = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.write_at is not None:  # static pass (compiled): no Python state read or written in the graph
+            at = self.write_at + torch.arange(key_states.shape[-2], device=key_states.device)
+            self.keys.index_copy_(2, at, key_states)
+            self.values.index_copy_(2, at, value_states)
+            return self.keys, self.values
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         elif key_states.dtype != self.keys.dtype:  # adopted from a model computing in another dtype
@@ -86,13 +101,14 @@ class ManagedLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.length = 0
 
-    def adopt(self, other: "ManagedLayer", dtype: torch.dtype | None = None) -> None:
-        """Start from a copy of ``other``'s filled slots (same head count and size), in ``dtype`` if given."""
+    def adopt(self, other: "ManagedLayer", dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> None:
+        """Start from a copy of ``other``'s filled slots (same head count and size), in ``dtype`` if given;
+        ``rows``: which of ``other``'s buffer rows (a static cache keeps retired rows; default all)."""
         n = other.length
-        self.lazy_initialization(other.keys[:, :, :0].to(dtype or other.keys.dtype),
-                                 other.values[:, :, :0].to(dtype or other.values.dtype))
-        self.keys[:, :, :n].copy_(other.keys[:, :, :n])
-        self.values[:, :, :n].copy_(other.values[:, :, :n])
+        keys, values = (other.keys, other.values) if rows is None else (other.keys[rows], other.values[rows])
+        self.lazy_initialization(keys[:, :, :0].to(dtype or keys.dtype), values[:, :, :0].to(dtype or values.dtype))
+        self.keys[:, :, :n].copy_(keys[:, :, :n])
+        self.values[:, :, :n].copy_(values[:, :, :n])
         self.length = n
 
     def gather_slots(self, order: torch.Tensor, start: int = 0) -> None:
@@ -140,6 +156,23 @@ class ManagedCache(Cache):
         """Forget everything after the first ``length`` tokens. O(1): no copy."""
         for layer in self.layers:
             layer.rollback(length)
+
+    def make_static(self, pointer: torch.Tensor) -> None:
+        """Route every later write through ``pointer`` (a 0-d long tensor; static passes, see the module doc).
+        The buffers must exist (a prefill ran)."""
+        for layer in self.layers:
+            layer.write_at = pointer
+
+    def static_write(self, start: int, width: int, used: int) -> None:
+        """Before a static pass of ``width`` tokens at slot ``start``, of which the first ``used`` are real (the rest
+        padding): point the graph there and move the integer pointer past the real ones (the padding's slots are
+        overwritten by the next pass, as rolled-back ones are)."""
+        if start + width > self.max_cache_len:
+            raise CacheOverflowError(f"KV cache overflow: {width} more tokens after {start} in a cache preallocated "
+                                     f"for {self.max_cache_len} tokens")
+        self.layers[0].write_at.fill_(start)
+        for layer in self.layers:
+            layer.length = start + used
 
     @property
     def nbytes(self) -> int:

@@ -19,12 +19,17 @@ sliding windows by hand); here transformers' padding mask does the work, for eve
 
 from __future__ import annotations
 
+import threading
+import time
 import warnings
+from typing import Any, Iterable
 
 import torch
 from transformers import PreTrainedModel
 
+from specdec.slots import static_slots
 from specdec.verifiers.session import CacheSession, StepOutput
+from specdec.verifiers.static import COMPILE_ERRORS, StaticVerifier
 
 
 def lm_head_rows(model: PreTrainedModel) -> int:
@@ -36,25 +41,18 @@ def lm_head_rows(model: PreTrainedModel) -> int:
     return int(getattr(head, "out_features", None) or model.config.vocab_size)
 
 
-def _compile_errors() -> tuple[type[BaseException], ...]:
-    """What a failed ``torch.compile`` raises (no compiler, unsupported op), as opposed to a model error."""
-    errors: list[type[BaseException]] = []
-    try:
-        from torch._dynamo.exc import TorchDynamoException
-
-        errors.append(TorchDynamoException)
-    except ImportError:
-        pass
-    try:
-        from torch._inductor.exc import InductorError
-
-        errors.append(InductorError)
-    except ImportError:
-        pass
-    return tuple(errors)
+_SHARED_LOCK = threading.Lock()
 
 
-_COMPILE_ERRORS = _compile_errors()
+class _PerModel(dict):
+    """What a model carries for specdec (its compiled verifiers): never copied or pickled with the model
+    (a copy of the model would carry graphs and caches of the original)."""
+
+    def __deepcopy__(self, memo: dict) -> "_PerModel":
+        return _PerModel()
+
+    def __reduce__(self) -> tuple:
+        return (_PerModel, ())
 
 
 class UnsupportedModelError(TypeError):
@@ -113,6 +111,7 @@ class CausalLMRunner:
         self.model = model
         self.role = role
         self._compiled: torch.nn.Module | None = None
+        self.static: StaticVerifier | None = None  # compiled static verify passes (compile_static)
         self._kv_dtype: torch.dtype | None = None  # dtype of the keys/values this model writes (seen once)
         self.keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
         config = model.config
@@ -128,6 +127,49 @@ class CausalLMRunner:
         fall back to eager with a warning.
         """
         self._compiled = torch.compile(self.model, dynamic=True)
+
+    def compile_static(self, options: dict[str, Any] | None = None) -> None:
+        """Run every pass after the prefill as a static pass through ``torch.compile`` (the verifier's
+        ``compile_verifier``; :mod:`specdec.verifiers.static`). ``options``: ``torch.compile`` keyword arguments
+        (with inductor, ``mode`` defaults to ``"reduce-overhead"``, CUDA graphs, on CUDA).
+
+        Raises :class:`UnsupportedModelError` for models whose attention ignores custom 4-D masks or that use
+        sliding windows: a static pass's mask spans the whole buffer and would bypass the window."""
+        self.check_tree_masks(purpose="a compiled verifier (compile_verifier) passes its own")
+        # one per model and options, kept on the model as transformers keeps its compiled call: every wrapper of
+        # the model (an eval's methods) shares its graphs and cache pool instead of compiling its own
+        shared = self.model.__dict__.setdefault("_specdec_static_verifiers", _PerModel())
+        key = (repr(sorted((options or {}).items())), str(self.model.device), self.model.dtype)  # a moved model: new graphs
+        with _SHARED_LOCK:
+            if key not in shared:
+                shared[key] = StaticVerifier(self.model, options)
+            self.static = shared[key]
+
+    def prime_static(self, shapes: Iterable[tuple[int, int]], widths: tuple[int, ...], hidden_layers: tuple[int, ...] = (),
+                     progress: Any = None) -> float:
+        """Compile (or record) now every static pass that calls of these ``(batch, slots)`` shapes (slots as
+        :meth:`prefill` takes them) and pass ``widths`` will run, with dummy passes; returns the seconds spent. ``progress(done, total)`` is told
+        after each pass shape. Each width runs twice, at two write positions (the pointer is data, not a constant)."""
+        if self.static is None:
+            return 0.0
+        start, device = time.perf_counter(), self.model.device
+        shapes = sorted({(batch, static_slots(slots, widths)) for batch, slots in shapes})
+        done, total = 0, len(shapes) * len(widths)
+        for batch, slots in shapes:
+            session, _ = self.prefill(torch.ones(batch, 2, dtype=torch.long, device=device), None, slots - max(widths),
+                                      widths=widths)
+            try:
+                for width in widths:
+                    for _ in range(2):
+                        session.forward(torch.ones(batch, width, dtype=torch.long, device=device),
+                                        hidden_layers=hidden_layers)
+                        session.keep(session.counts - width + 1)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+            finally:
+                session.release()
+        return time.perf_counter() - start
 
     def prime(self) -> None:
         """Compile now, with dummy forwards of both input shape classes a compiled step meets (one
@@ -150,17 +192,22 @@ class CausalLMRunner:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return int(text.num_hidden_layers)
 
-    def session(self, batch: int, max_len: int, device: torch.device) -> CacheSession:
-        """An empty per-call cache of ``max_len`` slots for ``batch`` rows."""
-        return CacheSession(self, batch, max_len, device)
+    def session(self, batch: int, max_len: int, device: torch.device, widths: tuple[int, ...] = ()) -> CacheSession:
+        """An empty per-call cache of ``max_len`` slots for ``batch`` rows; with :meth:`compile_static` and pass
+        ``widths``, a static one (its length rounded up: :func:`specdec.slots.static_slots`)."""
+        if self.static is None or not widths:
+            return CacheSession(self, batch, max_len, device)
+        return CacheSession(self, batch, static_slots(max_len, widths), device, static=self.static, widths=widths)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_len: int,
-                hidden_layers: tuple[int, ...] = ()) -> tuple[CacheSession, StepOutput]:
+                hidden_layers: tuple[int, ...] = (), widths: tuple[int, ...] = ()) -> tuple[CacheSession, StepOutput]:
         """Allocate a cache for ``max_len`` slots and run the (left-padded) prompt.
 
+        ``widths``: the token counts of this call's later passes (:func:`specdec.slots.pass_widths`); they
+        make the session static when the runner is compiled for it (:meth:`compile_static`).
         Returns the session and the last position's logits ``[batch, vocab]`` (with the hidden states
         of every prompt position when ``hidden_layers`` asks)."""
-        session = self.session(input_ids.shape[0], max_len, input_ids.device)
+        session = self.session(input_ids.shape[0], max_len, input_ids.device, widths)
         mask = None if attention_mask is None else attention_mask.bool()
         extra = {"logits_to_keep": 1} if self.keep_logits else {}
         out = session.forward(input_ids, mask, hidden_layers=hidden_layers, **extra)
@@ -179,7 +226,8 @@ class CausalLMRunner:
         session = self.session(source.valid.shape[0], max_len, source.valid.device)
         with torch.inference_mode():  # the buffers are inference tensors, like those a forward allocates
             for mine, theirs in zip(session.cache.layers, source.cache.layers):
-                mine.adopt(theirs, self._kv_dtype)  # our own dtype once known: no conversion mid-forward
+                # our own dtype once known: no conversion mid-forward; a static source's live rows only
+                mine.adopt(theirs, self._kv_dtype, rows=None if source.static is None else source.live)
         width = source.cache.length
         session.valid[:, :width] = source.valid[:, :width]
         session.counts = source.counts.clone()
@@ -194,7 +242,7 @@ class CausalLMRunner:
                 and session.cache.layers[0].is_initialized):
             try:
                 return StepOutput(self._compiled(**inputs).logits)
-            except _COMPILE_ERRORS as err:
+            except COMPILE_ERRORS as err:
                 warnings.warn(f"torch.compile failed for the {self.role} ({type(err).__name__}: {err}); running it eagerly",
                               stacklevel=3)
                 self._compiled = None
@@ -204,16 +252,23 @@ class CausalLMRunner:
         hidden = torch.cat([out.hidden_states[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return StepOutput(out.logits, hidden)
 
-    def check_tree_masks(self) -> None:
-        """Raise :class:`UnsupportedModelError` if this model cannot take a custom 4-D attention mask."""
+    def run_static(self, session: CacheSession, hidden_layers: tuple[int, ...], **inputs) -> StepOutput:
+        """One static pass (:meth:`CacheSession.forward` of a static session) through the compiled model."""
+        out = self.static(bool(hidden_layers), **inputs)
+        hidden = torch.cat([out.hidden_states[i] for i in hidden_layers], dim=-1) if hidden_layers else None
+        return StepOutput(out.logits, hidden)
+
+    def check_tree_masks(self, purpose: str = "tree drafts need") -> None:
+        """Raise :class:`UnsupportedModelError` if this model cannot take a custom 4-D attention mask
+        (``purpose`` says who needs one)."""
         impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
         if impl not in ("eager", "sdpa"):
             raise UnsupportedModelError(
-                f"the {self.role} uses {impl!r} attention, which ignores custom 4-D masks: tree drafts need "
+                f"the {self.role} uses {impl!r} attention, which ignores custom 4-D masks: {purpose} one, so use "
                 "attn_implementation='sdpa' or 'eager'"
             )
         if self.sliding:
             raise UnsupportedModelError(
                 f"the {self.role} ({self.model.config.model_type}) uses sliding-window attention; a custom 4-D mask "
-                "would bypass its window, so tree drafts are refused for it"
+                f"would bypass its window, and {purpose} one, so it is refused for this model"
             )

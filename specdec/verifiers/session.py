@@ -8,6 +8,10 @@ valid slots, unless a forward passes explicit ``position_ids`` (tree drafts: com
 Two ways to drop tokens after a verify pass: :meth:`CacheSession.keep` keeps a prefix of each row
 (chains; a pointer move, no copy) and :meth:`CacheSession.keep_slots` keeps any subset of the slots
 just written (trees: the accepted path is gathered into place). A prefix is the zero-copy special case.
+
+With ``compile_verifier`` the verifier's session is *static* after its prefill (:mod:`specdec.verifiers.static`):
+every pass is padded to a fixed width and attends over the whole buffer, and rows that finish stay in the
+buffers as masked dummies (:attr:`CacheSession.live` maps active rows to buffer rows). Callers see no difference.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from specdec.verifiers.cache import CacheOverflowError, ManagedCache
 
 if TYPE_CHECKING:
     from specdec.verifiers.hf import CausalLMRunner
+    from specdec.verifiers.static import StaticVerifier
 
 
 class StepOutput:
@@ -35,9 +40,12 @@ class StepOutput:
 class CacheSession:
     """The per-call cache state of one model (verifier or model drafter)."""
 
-    def __init__(self, runner: "CausalLMRunner", batch: int, max_len: int, device: torch.device) -> None:
+    def __init__(self, runner: "CausalLMRunner", batch: int, max_len: int, device: torch.device,
+                 static: "StaticVerifier | None" = None, widths: tuple[int, ...] = ()) -> None:
         self.runner = runner
-        self.cache = ManagedCache(runner.num_layers, max_len)
+        self.static, self.widths = static, tuple(sorted(widths))  # compiled passes: their engine and widths
+        self.cache = ManagedCache(runner.num_layers, max_len) if static is None else static.borrow(runner.num_layers, batch, max_len)
+        self.live = torch.arange(batch, device=device)  # buffer row of each active row (static sessions keep retired rows)
         self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)  # slot holds a real token of that row
         self.counts = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row (= next position id)
         self.single_row = batch == 1  # this call started with one row (compiled drafter steps)
@@ -58,6 +66,8 @@ class CacheSession:
         query still sees the row's valid slots before those. ``hidden_layers``: indices
         into transformers' ``output_hidden_states`` to return, concatenated (see :class:`StepOutput`).
         """
+        if self.static is not None and self.cache.layers[0].write_at is not None:
+            return self._forward_static(tokens, valid, position_ids, tree_mask, tuple(hidden_layers))
         start, n = self.length, tokens.shape[1]
         if (self.runner.sliding or start + n > self.cache.max_cache_len) and self._has_holes():
             # Squeeze out holes left by ragged rows: when they use up the slots, and always for
@@ -82,12 +92,66 @@ class CacheSession:
             mask = self._tree_mask(tree_mask, seen, start)
         else:
             mask = None if bool(seen.all()) else seen.long()
-        return self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
-                               position_ids=position_ids, past_key_values=self.cache, use_cache=True, **extra)
+        out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
+                              position_ids=position_ids, past_key_values=self.cache, use_cache=True, **extra)
+        if self.static is not None:  # the prefill ran: static passes from now on
+            self.static.activate(self.cache)
+        return out
+
+    def _forward_static(self, tokens: torch.Tensor, valid: torch.Tensor | None, position_ids: torch.Tensor | None,
+                        tree_mask: torch.Tensor | None, hidden_layers: tuple[int, ...]) -> "StepOutput":
+        """:meth:`forward` as a static pass: padded to the next width, over the whole buffer, every buffer row."""
+        rows, n = tokens.shape
+        width = self.static.width(n, self.widths)
+        start = self.length
+        if start + width > self.cache.max_cache_len and self._has_holes():
+            self.compact()
+            start = self.length
+        if valid is None:
+            valid = torch.ones_like(tokens, dtype=torch.bool)
+        if position_ids is None:
+            position_ids = (self.counts.unsqueeze(1) + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+        elif position_ids.shape != tokens.shape:
+            raise ValueError(f"position_ids {tuple(position_ids.shape)} must match tokens {tuple(tokens.shape)}")
+        self.cache.static_write(start, width, n)  # raises on overflow before any state changes
+        self.valid[:, start : start + n] = valid
+        self.valid[:, start + n : start + width] = False  # padding: stale slots past the pointer
+        self.counts = self.counts + valid.sum(dim=1)
+        seen = self.valid
+        if tree_mask is not None:
+            allowed = self._tree_allowed(tree_mask, seen[:, : start + n], start)
+            allowed = torch.nn.functional.pad(allowed, (0, seen.shape[1] - start - n), value=False)
+        else:  # causal: real slots up to and including the query's own
+            slot = torch.arange(seen.shape[1], device=seen.device)
+            allowed = seen[:, None, :] & (slot[None, :] <= start + torch.arange(n, device=seen.device)[:, None])
+        batch = self.cache.layers[0].keys.shape[0]
+        full = torch.zeros(batch, width, seen.shape[1], dtype=torch.bool, device=seen.device)
+        diagonal = torch.arange(width, device=seen.device)
+        full[:, diagonal, start + diagonal] = True  # filler and dummy rows see their own slot
+        full[self.live, :n] |= allowed
+        ids = torch.zeros(batch, width, dtype=tokens.dtype, device=tokens.device)
+        ids[self.live, :n] = tokens
+        positions = torch.zeros(batch, width, dtype=torch.long, device=tokens.device)
+        positions[self.live, :n] = position_ids
+        out = self.runner.run_static(self, hidden_layers, input_ids=ids, attention_mask=self._additive(full),
+                                     position_ids=positions, past_key_values=self.cache, use_cache=True)
+        pick = lambda t: None if t is None else t[self.live, :n]  # noqa: E731  (a copy: CUDA graphs reuse outputs)
+        return StepOutput(pick(out.logits), pick(out.hidden))
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """``allowed [batch, n, t]`` as the additive mask ``[batch, 1, n, t]`` transformers takes as is."""
+        dtype = self.runner.model.dtype
+        zero = torch.zeros((), dtype=dtype, device=allowed.device)
+        blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+        return torch.where(allowed, zero, blocked).unsqueeze(1)
 
     def _tree_mask(self, tree_mask: torch.Tensor, seen: torch.Tensor, start: int) -> torch.Tensor:
-        """The additive 4-D mask ``[batch, 1, n, start + n]``: cached valid slots, then ``tree_mask`` over the
-        last ``t`` slots (``t >= n``: earlier nodes of the same tree, written by previous forwards, and the new ones)."""
+        """The additive 4-D mask ``[batch, 1, n, start + n]`` of :meth:`_tree_allowed`."""
+        return self._additive(self._tree_allowed(tree_mask, seen, start))
+
+    def _tree_allowed(self, tree_mask: torch.Tensor, seen: torch.Tensor, start: int) -> torch.Tensor:
+        """Which slots each new token sees, ``[batch, n, start + n]``: cached valid slots, then ``tree_mask`` over
+        the last ``t`` slots (``t >= n``: earlier nodes of the same tree, written by previous forwards, and the new ones)."""
         self.runner.check_tree_masks()
         batch, n = seen.shape[0], seen.shape[1] - start
         t = tree_mask.shape[-1] if tree_mask.dim() == 3 else -1
@@ -97,11 +161,7 @@ class CacheSession:
                              f"{seen.shape[1]}, got {tree_mask.dtype} {tuple(tree_mask.shape)}")
         edge = seen.shape[1] - t
         past = seen[:, None, :edge].expand(batch, n, edge)
-        allowed = torch.cat([past, tree_mask & seen[:, None, edge:]], dim=-1)
-        dtype = self.runner.model.dtype
-        zero = torch.zeros((), dtype=dtype, device=seen.device)
-        blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=seen.device)
-        return torch.where(allowed, zero, blocked).unsqueeze(1)
+        return torch.cat([past, tree_mask & seen[:, None, edge:]], dim=-1)
 
     def keep(self, counts: torch.Tensor | list[int]) -> None:
         """Keep the first ``counts[r]`` real tokens of each row; later slots become holes, the pointer moves back."""
@@ -133,7 +193,7 @@ class CacheSession:
         if not bool((keep == prefix).all()):
             order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept slots first, in order
             for layer in self.cache.layers:
-                layer.gather_slots(order, start)
+                layer.gather_slots(self._buffer_order(order), start)
         self.counts = self.counts - block.sum(dim=1) + kept
         self.valid[:, start : start + n] = prefix
         self._trim()
@@ -163,19 +223,34 @@ class CacheSession:
         # stable sort puts each row's invalid slots first and its valid slots after, in order
         order = torch.argsort(self.valid[:, : self.length].to(torch.int8), dim=1, stable=True)[:, -n:]
         for layer in self.cache.layers:
-            layer.gather_slots(order)
+            layer.gather_slots(self._buffer_order(order))
         self.valid.zero_()
         self.valid[:, :n] = torch.arange(n, device=self.valid.device).unsqueeze(0) >= (n - self.counts).unsqueeze(1)
 
+    def _buffer_order(self, order: torch.Tensor) -> torch.Tensor:
+        """A per-active-row slot order as one per buffer row (retired rows of a static session keep theirs)."""
+        batch = self.cache.layers[0].keys.shape[0] if self.cache.layers[0].is_initialized else order.shape[0]
+        if batch == order.shape[0]:
+            return order
+        full = torch.arange(order.shape[1], device=order.device).expand(batch, -1).clone()
+        full[self.live] = order
+        return full
+
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute)."""
+        """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute; a static session
+        keeps their buffers as masked dummies, so its passes keep their shape)."""
         rows = rows.to(self.valid.device)
+        if self.static is not None and self.cache.layers[0].write_at is not None:
+            self.live, self.valid, self.counts = self.live[rows], self.valid[rows], self.counts[rows]
+            return self._trim()
         with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
             for layer in self.cache.layers:
                 layer.batch_select_indices(rows)
-        self.valid, self.counts = self.valid[rows], self.counts[rows]
+        self.valid, self.counts, self.live = self.valid[rows], self.counts[rows], self.live[: len(rows)]
         self._trim()
 
     def release(self) -> None:
-        """Drop the cache (frees its buffers)."""
+        """Drop the cache (frees its buffers; a static one goes back to its pool)."""
+        if self.static is not None and self.cache is not None:
+            self.static.give_back(self.cache)
         self.cache = self.valid = self.counts = None
