@@ -54,7 +54,7 @@ class Measurement:
     proposed: int | None = None  # draft tokens the verifier scored (a tree's nodes; a chain's drafts)
     tree: dict | None = None  # the tree configuration used (None: chains)
     compiled_graphs: int | None = None  # hf-compiled: graphs torch.compile built during this (timed) call
-    verifier_graphs_in_call: int | None = None  # compile_verifier: verify-pass shapes compiled during this (timed) call
+    verifier_graphs_in_call: int | None = None  # compile_verifier: verify-pass graphs compiled during this (timed) call
 
 
 class _StepTimer(BaseStreamer):
@@ -213,7 +213,7 @@ class Runner:
         # is only needed for the fixed-k methods, which share one SpeculativeModel per drafter
         k = None if self.method.adaptive else self.method.k
         static = self.spec.verifier.static
-        shapes = None if static is None else static.shapes_seen
+        graphs = None if static is None else static.graphs
         start = time.perf_counter()
         out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=k, generator=generator, **gen_kwargs)
         _sync(ids.device)
@@ -227,7 +227,7 @@ class Runner:
             result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
             result.proposed, result.tree = row.proposed, stats.tree
             if static is not None:  # counted once per call, on its first row
-                result.verifier_graphs_in_call = 0 if result is not results[0] else static.shapes_seen - shapes
+                result.verifier_graphs_in_call = 0 if result is not results[0] else static.graphs - graphs
         return results
 
 

@@ -263,7 +263,8 @@ class _Progress:
     @staticmethod
     def _label(m: MethodSpec, multi: bool) -> str:
         base = {HF_COMPILED: "compiled", HF_ASSISTED: "assisted", HF_ASSISTED_HEURISTIC: "heuristic",
-                HF_PROMPT_LOOKUP: "lookup"}.get(m.kind, f"k{m.k}{'a' if m.adaptive else ''}{' ' + m.tree if m.tree else ''}")
+                HF_PROMPT_LOOKUP: "lookup"}.get(
+            m.kind, f"k{m.k}{'a' if m.adaptive else ''}{' ' + m.tree if m.tree else ''}{' compiled' if m.compiled else ''}")
         return f"{m.draft} {base}" if multi and m.draft else base
 
     def add(self, records: Iterable[Mapping[str, Any]], measured: int) -> None:

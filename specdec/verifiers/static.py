@@ -47,6 +47,13 @@ def _compile_errors() -> tuple[type[BaseException], ...]:
 COMPILE_ERRORS = _compile_errors()
 
 
+def _frames() -> int:
+    """Frames dynamo has compiled in this process so far (a new one: a pass compiled)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["total"])
+
+
 class StaticVerifier:
     """A verifier's compiled forward for static passes, and its cache pool; shared by every call (thread-safe).
 
@@ -67,8 +74,9 @@ class StaticVerifier:
         # shapes go dynamic after the first change), and on a CPU a padded token costs as much as a real one
         self.pads = options.get("mode") in ("reduce-overhead", "max-autotune") or options.get("backend") == "cudagraphs"
         self.compile_seconds = 0.0  # wall time of passes that compiled (priming or the first calls)
+        self.graphs = 0  # passes that compiled a graph (dynamo) or recorded one (a CUDA graph of a new shape)
         self.failed: str | None = None  # why compiling failed (the passes then run eagerly, still static)
-        self._shapes: set[tuple] = set()  # shapes already run compiled: a new one compiles (or records a graph)
+        self._shapes: set[tuple] = set()  # shapes already run: with CUDA graphs a new one records a graph
         self._free: dict[tuple, list[ManagedCache]] = {}
         self._lock = threading.Lock()
 
@@ -116,11 +124,6 @@ class StaticVerifier:
         with self._lock:
             self._free.clear()
 
-    @property
-    def shapes_seen(self) -> int:
-        """Pass shapes run so far (each new one compiled a graph or recorded a CUDA graph)."""
-        return len(self._shapes)
-
     def width(self, n: int, widths: tuple[int, ...]) -> int:
         """The width a pass of ``n`` tokens runs at: the next of ``widths`` when graphs need fixed shapes."""
         return next((w for w in widths if w >= n), n) if self.pads else n
@@ -130,8 +133,8 @@ class StaticVerifier:
         """One static pass through the compiled model (eager if compiling failed)."""
         if self.failed is None:
             shape = (inputs["input_ids"].shape, inputs["attention_mask"].shape[-1], hidden)
-            new = shape not in self._shapes
-            start = time.perf_counter()
+            new = self.pads and shape not in self._shapes  # CUDA graphs: records a graph
+            frames, start = _frames(), time.perf_counter()
             try:
                 if self.pads and self.cuda:  # the previous pass's outputs were copied out: their graph memory may be reused
                     torch.compiler.cudagraph_mark_step_begin()
@@ -141,8 +144,9 @@ class StaticVerifier:
                 warnings.warn(f"torch.compile failed for the verifier ({self.failed}); verify passes run eagerly",
                               stacklevel=3)
             else:
-                if new:
+                if new or _frames() > frames:  # dynamo compiled (inductor takes other widths without compiling)
                     self._shapes.add(shape)
+                    self.graphs += 1
                     self.compile_seconds += time.perf_counter() - start
                 return out
         return self.model(**inputs, output_hidden_states=hidden)
