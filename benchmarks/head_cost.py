@@ -18,7 +18,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from specdec.drafters import resolve_drafter
-from specdec.drafters.base import DraftContext, Rows
+from specdec.protocol import DraftContext, Rows
 from specdec.models import load_model
 from specdec.verifiers.hf import CausalLMRunner
 

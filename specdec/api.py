@@ -16,11 +16,12 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from specdec.arguments import prepare_generation
-from specdec.draft_length import AdaptiveDraftLength
+from specdec.draft_length import AdaptiveDraftLength, ChainPlan, FixedDraftLength
 from specdec.drafters import CompositeDrafter, Drafter, ModelDrafter, resolve_drafter
 from specdec.engine import speculative_generate
 from specdec.sizing import check_fits
-from specdec.slots import cache_slots, pass_widths, static_slots
+from specdec.protocol import DraftPlan
+from specdec.slots import static_slots
 from specdec.stats import SpecStats
 from specdec.trees.config import TreeConfig, parse_tree
 from specdec.trees.plan import TreePlan
@@ -175,7 +176,6 @@ class SpeculativeModel:
         """
         k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         _check_k(k)
-        policy = self._draft_length(k, generator)
         kwargs.setdefault("tokenizer", self.tokenizer)
         tokenizer = kwargs.pop("tokenizer")
         setup = prepare_generation(
@@ -196,21 +196,20 @@ class SpeculativeModel:
             raise NotImplementedError("specdec streams batch size 1 only (rows advance by different amounts per step)")
         if batch > 1 and setup.config.return_dict_in_generate and (setup.config.output_scores or setup.config.output_logits):
             raise NotImplementedError("output_scores / output_logits are supported for batch size 1 only")
-        plan = self._tree_plan(generator, setup.max_length - setup.input_ids.shape[1])
-        slots, widths = self._slots(*setup.input_ids.shape, setup.max_length, k, plan)
+        plan = self._plan(k, generator, setup.max_length - setup.input_ids.shape[1])
+        slots = plan.slots(*setup.input_ids.shape, setup.max_length)
         if self.compile_verifier:  # the verifier's static cache is longer: padded passes, rounded length
-            slots = static_slots(slots, widths)
-        self._check_memory(setup.input_ids.shape, slots, k if plan is None else plan.config.max_nodes)
+            slots = static_slots(slots, plan.widths)
+        self._check_memory(setup.input_ids.shape, slots, plan.max_drafts)
         result = speculative_generate(
             self.verifier,
             self.drafter,
             setup,
-            policy,
+            plan,
             streamer=streamer,
             generator=generator,
             output_scores=bool(setup.config.return_dict_in_generate and setup.config.output_scores),
             output_logits=bool(setup.config.return_dict_in_generate and setup.config.output_logits),
-            tree=plan,
         )
         self.last_stats = result.stats
         if not setup.config.return_dict_in_generate:
@@ -230,15 +229,9 @@ class SpeculativeModel:
             return 0.0
         k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         _check_k(k)
-        plan = self._tree_plan(None, max_new_tokens)
-        shapes = [self._slots(batch_size, n, n + max_new_tokens, k, plan) for n in sorted(set(prompt_lengths))]
-        return self.verifier.prime_static([(batch_size, slots) for slots, _ in shapes], shapes[0][1],
-                                          self.drafter.hidden_layers, progress)
-
-    def _slots(self, batch: int, prompt: int, max_length: int, k: int, plan: TreePlan | None) -> tuple[int, tuple[int, ...]]:
-        """The cache slots of one call and its verify passes' widths, as the engine computes them."""
-        slots = cache_slots(batch, prompt, max_length, k) + (0 if plan is None else plan.config.extra_slots)
-        return slots, pass_widths(k, None if plan is None else plan.config.max_nodes)
+        plan = self._plan(k, None, max_new_tokens)
+        shapes = [(batch_size, plan.slots(batch_size, n, n + max_new_tokens)) for n in sorted(set(prompt_lengths))]
+        return self.verifier.prime_static(shapes, plan.widths, self.drafter.hidden_layers, progress)
 
     def measure_tree_cost(self) -> VerifyCost | None:
         """``tree="auto"``'s verifier cost curve, measured now if it was neither given (``tree_cost=``) nor measured
@@ -266,31 +259,31 @@ class SpeculativeModel:
                             generator=torch.Generator(device=device).manual_seed(0))
         setup = prepare_generation(self.model, ids, max_new_tokens=new, do_sample=False, eos_token_id=None,
                                    pad_token_id=None)
-        stats = speculative_generate(self.verifier, self.drafter, setup, max(1, min(4, positions // 4))).stats
+        stats = speculative_generate(self.verifier, self.drafter, setup, ChainPlan.fixed(max(1, min(4, positions // 4)))).stats
         return stats.draft_seconds / stats.drafter_forwards if stats.drafter_forwards else 0.0
 
-    def _tree_plan(self, generator: torch.Generator | None, new_tokens: int) -> TreePlan | None:
-        """This call's tree policy, capped to its ``new_tokens``; ``auto`` measures the verifier's cost curve once,
-        on first use."""
+    def _plan(self, k: int, generator: torch.Generator | None, new_tokens: int) -> DraftPlan:
+        """How this call drafts: trees (capped to its ``new_tokens``; ``auto`` measures the verifier's cost curve
+        once, on first use) or chains of ``k`` (fixed, or adaptive up to ``k``)."""
         if self.tree is None:
-            return None
+            return ChainPlan(self._draft_length(k, generator))
         if self.tree.mode != "auto":
-            return TreePlan(self.tree, new_tokens=new_tokens)
+            return TreePlan(self.tree, new_tokens=new_tokens, num_draft_tokens=k)
         cost = self.measure_tree_cost()
         limit = self.tree.total_tokens
         if generator is not None:  # reproducible: the object's measured draft cost, nothing carried over from other calls
             sizer = TreeSizer(cost, draft_step=self._draft_step, max_tokens=limit)
-            return TreePlan(self.tree, sizer, new_tokens=new_tokens)
+            return TreePlan(self.tree, sizer, new_tokens=new_tokens, num_draft_tokens=k)
         with self._tree_lock:  # one shared sizer, even for concurrent first calls
             if self._sizer is None or self._sizer.cost is not cost:
                 self._sizer = TreeSizer(cost, max_tokens=limit)
             sizer = self._sizer
-        return TreePlan(self.tree, sizer, new_tokens=new_tokens)
+        return TreePlan(self.tree, sizer, new_tokens=new_tokens, num_draft_tokens=k)
 
-    def _draft_length(self, k: int, generator: torch.Generator | None) -> int | AdaptiveDraftLength:
+    def _draft_length(self, k: int, generator: torch.Generator | None) -> FixedDraftLength | AdaptiveDraftLength:
         """The draft-length policy of one call: ``k`` itself, or an adaptive policy drafting at most ``k``."""
         if self.policy is None:
-            return k
+            return FixedDraftLength(k)
         if generator is not None:  # reproducible: no wall-clock state, nothing carried over from other calls
             return AdaptiveDraftLength(max_k=k, timed=False, draft_cost_ratio=self._draft_cost_ratio)
         self.policy.max_k = k  # the timing and acceptance estimates carry over; only the bound is this call's

@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
-from specdec.draft_spec import FORMS
+from specdec.draft_kinds import GRID_FREE_DRAFTERS  # noqa: F401  (described with the self-copy kinds)
+from specdec.draft_spec import forms
 
 # A grid-free drafter, so the demo's speedup is one a bf16 checkpoint could get too: prompt lookup where
 # the text repeats, else an int8 copy (0.85% weight error). self:int4+head8 is a little faster on the
 # embedded model only because its Q4_1 GGUF already lies on that int4 grid (BENCHMARKS.md section 1).
 DEMO_DRAFT = "composite:int8"
-#: drafters that do not inherit the verifier's storage grid, suggested next to a grid-bound one
-GRID_FREE_DRAFTERS = "eagle, self:int8 or prompt-lookup"
 
 
 def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None:
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded default) or a local model directory / .gguf")
     p.add_argument("--draft", default=DEMO_DRAFT,
-                   help=f"drafter: {FORMS}")
+                   help=f"drafter: {forms()}")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")
     p.add_argument("--tree", choices=("none", "static", "dynamic", "auto"), default="none",
                    help="verify a tree of drafts per pass: static, dynamic (EAGLE-2), or auto (sized from the verifier's "
@@ -112,72 +110,28 @@ def _check_model_and_draft(model: str, draft: str) -> None:
         spec = parse_draft(draft)
     except DraftSpecError as e:
         raise SystemExit(f"error: --draft: {e}") from None
-    if spec.scheme is not None:
-        from specdec.quant import UnknownSchemeError, parse_scheme
-
+    if spec.declared.check is not None:
         try:
-            parse_scheme(spec.scheme)
-        except UnknownSchemeError as e:
-            raise SystemExit(f"error: --draft {draft}: {e}") from None
-    elif spec.kind in ("eagle", "composite") and spec.head is not None and not os.path.isdir(spec.head):
-        raise SystemExit(f"error: --draft {draft}: draft head directory {spec.head!r} does not exist")
-    elif spec.kind == "path" and draft not in DEFAULT_ALIASES:
-        try:
-            resolve_model_source(draft)
-        except ModelNotFoundError:
-            raise SystemExit(f"error: --draft {draft!r} is not a drafter: use {FORMS}") from None
+            spec.declared.check(spec)
+        except DraftSpecError as e:  # the message starts with the drafter's name
+            raise SystemExit(f"error: --draft {e}") from None
 
 
 def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
     """Which drafter runs and why its acceptance is what it is, for the demo's summary.
 
     Returns ``{"description": one line, "note": one line, "weight_error": float | None,
-    "head_weight_error": float | None, "grid_bound": bool | None}``. For ``self:SCHEME`` and
-    ``composite[:SCHEME]`` the weight errors are measured against ``verifier``'s own weights
-    (:func:`specdec.quant.weight_error`); ``grid_bound`` is True when they already lie on the
-    scheme's grid, which makes acceptance near-perfect and says nothing about a bf16 checkpoint.
+    "head_weight_error": float | None, "grid_bound": bool | None}``, as the drafter's kind describes
+    itself (:class:`specdec.draft_spec.DrafterKind`). For ``self:SCHEME`` and ``composite[:SCHEME]`` the
+    weight errors are measured against ``verifier``'s own weights (:func:`specdec.quant.weight_error`);
+    ``grid_bound`` is True when they already lie on the scheme's grid, which makes acceptance near-perfect
+    and says nothing about a bf16 checkpoint.
     """
     from specdec.draft_spec import parse_draft
 
     spec = parse_draft(draft)
-    out: dict[str, Any] = {"weight_error": None, "head_weight_error": None, "grid_bound": None}
-    if spec.scheme is not None:
-        from specdec.quant import weight_error
-
-        err = weight_error(verifier, spec.scheme)
-        head = "" if err.head_weight_error is None else f", LM head {100 * err.head_weight_error:.2f}%"
-        what = f"a quantized copy of the verifier ({err.scheme})"
-        if spec.kind == "composite":
-            what = f"prompt lookup where the text repeats, else {what}"
-        out.update(weight_error=err.weight_error, head_weight_error=err.head_weight_error, grid_bound=err.grid_bound)
-        out["description"] = (f"{draft}: {what}; relative weight error against the verifier "
-                              f"{100 * err.weight_error:.2f}% over {err.layers} linear layers{head}")
-        if err.grid_bound:
-            out["note"] = (
-                "its weights coincide with the verifier's storage grid (the verifier's weights already lie on "
-                f"this scheme's grid), so acceptance is near-perfect and not representative of a bf16 model; "
-                f"for a grid-free drafter try --draft {GRID_FREE_DRAFTERS}"
-            )
-        else:
-            out["note"] = ("acceptance reflects how far quantization moves the verifier's weights "
-                           "(and the drafter's bf16 activations)")
-    elif spec.kind == "prompt-lookup":
-        out["description"] = "prompt-lookup: copies n-grams from the prompt and the output so far (no model)"
-        out["note"] = "acceptance is high where the output repeats its context (code edits, summaries, quotes), low elsewhere"
-    elif spec.kind == "eagle" or spec.inner == "eagle":
-        where = spec.head or "the head shipped for this model"
-        what = "prompt lookup where the text repeats, else " if spec.kind == "composite" else ""
-        out["description"] = (f"{draft}: {what}a trained draft head (EAGLE style) from {where}, reading the verifier's "
-                              "hidden states")
-        out["note"] = "grid-free: acceptance comes from training on the verifier's own outputs, as it would for a bf16 model"
-        out["grid_bound"] = False
-    elif spec.kind == "layer-skip":
-        out["description"] = f"{draft}: the verifier's first {spec.layers} layers and its LM head (no extra weights)"
-        out["note"] = "acceptance falls as fewer layers are kept"
-    else:
-        out["description"] = f"{draft}: a separate draft model"
-        out["note"] = "acceptance depends on how closely that model's next-token choices match the verifier's"
-    return out
+    return {"weight_error": None, "head_weight_error": None, "grid_bound": None,
+            **spec.declared.summary(spec, verifier)}
 
 
 def _read_prompts(path: str) -> list[dict[str, str]]:

@@ -6,7 +6,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from specdec.arguments import GenerationSetup
-from specdec.drafters.base import Rows
+from specdec.protocol import Rows
 
 
 class CommittedRows:

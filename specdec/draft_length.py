@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows
+
+if TYPE_CHECKING:
+    import torch
 
 
 # Prior cost of one more token in a verify pass, in passes (memory-bound decode: a few percent).
@@ -23,6 +29,10 @@ class FixedDraftLength:
 
     def __init__(self, k: int) -> None:
         self.k = k
+
+    @property
+    def max_k(self) -> int:
+        return self.k
 
     def choose(self, limit: int) -> int:
         return max(0, min(self.k, limit))
@@ -119,3 +129,24 @@ class AdaptiveDraftLength:
         self.draft_cost = per_token if self.draft_cost is None else self.decay * self.draft_cost + (1 - self.decay) * per_token
         old = self.verify_costs.get(proposed)
         self.verify_costs[proposed] = verify_seconds if old is None else self.decay * old + (1 - self.decay) * verify_seconds
+
+
+class ChainPlan(DraftPlan):
+    """A call that drafts chains: ``k`` per pass from ``policy`` (:class:`FixedDraftLength` or
+    :class:`AdaptiveDraftLength`), which learns from each pass."""
+
+    def __init__(self, policy: FixedDraftLength | AdaptiveDraftLength) -> None:
+        self.policy = policy
+        self.num_draft_tokens = policy.max_k
+
+    @classmethod
+    def fixed(cls, k: int) -> "ChainPlan":
+        """Always ``k`` drafts (fewer only where ``max_length`` leaves less room)."""
+        return cls(FixedDraftLength(k))
+
+    def propose(self, drafter: Proposer, rows: Rows, room: int, ctx: DraftContext) -> Drafts:
+        return drafter.propose(rows, self.policy.choose(room), ctx)
+
+    def update(self, drafts: Drafts, accepted: "torch.Tensor", draft_seconds: float, verify_seconds: float,
+               drafter_forwards: int) -> None:
+        self.policy.update(drafts.num_tokens, int(accepted.min()), draft_seconds, verify_seconds)

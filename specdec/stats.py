@@ -5,9 +5,57 @@ from __future__ import annotations
 import html
 from dataclasses import asdict, dataclass, field
 
+from specdec import metrics
+
+
+class _Rates:
+    """The derived figures of a stats object's counts, each one of :mod:`specdec.metrics`' functions.
+
+    Subclasses have ``proposed``, ``accepted``, ``proposed_per_position`` and ``accepted_per_position``
+    and say what their verifier passes (per row) and committed tokens add up to.
+    """
+
+    proposed: int
+    accepted: int
+    proposed_per_position: list[int]
+    accepted_per_position: list[int]
+
+    def _passes(self) -> int:
+        """Verifier passes, each counted once per row it served."""
+        raise NotImplementedError
+
+    def _committed(self) -> int:
+        """Tokens those passes committed."""
+        raise NotImplementedError
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over proposed draft tokens."""
+        return metrics.acceptance_rate(self.accepted, self.proposed)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per row per verifier pass (accepted drafts + the verifier's own token)."""
+        return metrics.mean_accepted_length(self._committed(), self._passes())
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Acceptance rate at each draft position."""
+        return metrics.acceptance_by_position(self.accepted_per_position, self.proposed_per_position)
+
+    @property
+    def mean_draft_length(self) -> float:
+        """Draft tokens proposed per row per verifier pass: ``k`` when fixed, less where adaptive k drafts less."""
+        return metrics.mean_draft_length(self.proposed, self._passes())
+
+    def _rates(self) -> dict[str, float | list[float]]:
+        """The four figures under their ``to_dict`` keys."""
+        return {"acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
+                "acceptance_by_position": self.acceptance_by_position, "mean_draft_length": self.mean_draft_length}
+
 
 @dataclass
-class RowStats:
+class RowStats(_Rates):
     """What one row of a batch did: the same counts as :class:`SpecStats`, for that row alone."""
 
     proposed: int = 0
@@ -17,24 +65,6 @@ class RowStats:
     accepted_lengths: list[int] = field(default_factory=list)  # accepted drafts per pass
     proposed_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.proposed if self.proposed else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens committed per verifier pass this row took part in."""
-        return self.committed / self.verifier_passes if self.verifier_passes else 0.0
-
-    @property
-    def acceptance_by_position(self) -> list[float]:
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
-
-    @property
-    def mean_draft_length(self) -> float:
-        """Draft tokens proposed per verifier pass this row took part in (the ``k`` actually used)."""
-        return self.proposed / self.verifier_passes if self.verifier_passes else 0.0
 
     def record(self, proposed: int, accepted: int, committed: int, positions: int | None = None) -> None:
         """One pass: ``proposed`` drafts (a tree's nodes) spanning ``positions`` depths (default: a chain's)."""
@@ -46,11 +76,15 @@ class RowStats:
         _count_positions(self.proposed_per_position, self.accepted_per_position,
                          [proposed if positions is None else positions], [accepted])
 
+    def _passes(self) -> int:
+        return self.verifier_passes
+
+    def _committed(self) -> int:
+        return self.committed
+
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
-                    acceptance_by_position=self.acceptance_by_position, mean_draft_length=self.mean_draft_length)
-        return data
+        """Plain-JSON view including the derived rates."""
+        return {**asdict(self), **self._rates()}
 
 
 def _count_positions(proposed_at: list[int], accepted_at: list[int], positions: list[int], accepted: list[int]) -> None:
@@ -68,7 +102,7 @@ def _count_positions(proposed_at: list[int], accepted_at: list[int], positions: 
 
 
 @dataclass
-class SpecStats:
+class SpecStats(_Rates):
     """What one speculative ``generate`` call did.
 
     Counts are batch totals, summed over rows; ``rows[b]`` has row ``b``'s own counts (rows in the
@@ -98,27 +132,11 @@ class SpecStats:
         if not self.rows:
             self.rows = [RowStats() for _ in range(self.batch_size)]
 
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted draft tokens over proposed draft tokens."""
-        return self.accepted / self.proposed if self.proposed else 0.0
+    def _passes(self) -> int:
+        return len(self.committed_per_step)  # one entry per row per pass
 
-    @property
-    def mean_accepted_length(self) -> float:
-        """Tokens committed per row per verifier pass (accepted drafts + the verifier's own token)."""
-        steps = self.committed_per_step
-        return sum(steps) / len(steps) if steps else 0.0
-
-    @property
-    def acceptance_by_position(self) -> list[float]:
-        """Acceptance rate at each draft position."""
-        return [a / p if p else 0.0 for a, p in zip(self.accepted_per_position, self.proposed_per_position)]
-
-    @property
-    def mean_draft_length(self) -> float:
-        """Draft tokens proposed per row per verifier pass: ``k`` when fixed, less where adaptive k drafts less."""
-        passes = sum(row.verifier_passes for row in self.rows)
-        return self.proposed / passes if passes else 0.0
+    def _committed(self) -> int:
+        return sum(self.committed_per_step)
 
     @property
     def mean_tree_tokens(self) -> float:
@@ -133,7 +151,7 @@ class SpecStats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.new_tokens / self.total_time if self.total_time else 0.0
+        return metrics.throughput(self.new_tokens, self.total_time)
 
     def record_step(self, proposed: int | list[tuple[int, int]], accepted_per_row: list[int],
                     committed_per_row: list[int], row_ids: list[int] | None = None) -> None:
@@ -160,10 +178,7 @@ class SpecStats:
         data.pop("committed_per_step")
         data["rows"] = [row.to_dict() for row in self.rows]
         data.update(
-            acceptance_rate=self.acceptance_rate,
-            mean_accepted_length=self.mean_accepted_length,
-            acceptance_by_position=self.acceptance_by_position,
-            mean_draft_length=self.mean_draft_length,
+            **self._rates(),
             mean_tree_tokens=self.mean_tree_tokens,
             time_per_output_token=self.time_per_output_token,
             tokens_per_second=self.tokens_per_second,

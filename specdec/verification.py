@@ -8,12 +8,14 @@ logits and hidden states at the committed positions (in commit order), and, for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import singledispatch
+from typing import Callable
 
 import torch
 
 from specdec.acceptance import greedy_accept, rejection_accept
 from specdec.arguments import GenerationSetup
-from specdec.drafters.base import Proposal, Rows
+from specdec.protocol import Drafts, Proposal, Rows
 from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
 from specdec.trees.tree import DraftTree
 from specdec.verifiers.session import CacheSession
@@ -45,6 +47,17 @@ class Verified:
         rows = torch.arange(batch, device=self.path.device).unsqueeze(1).expand(-1, depth)
         keep[rows[take], (self.path + 1)[take]] = True
         cache.keep_slots(keep)
+
+
+def verify(cache: CacheSession, rows: Rows, drafts: Drafts, setup: GenerationSetup, layers: tuple[int, ...],
+           generator: torch.Generator | None) -> Verified:
+    """One verify pass over ``drafts``: :func:`verify_chain` for a chain, :func:`verify_tree` for a tree."""
+    return _pass_for(drafts)(cache, rows, drafts, setup, layers, generator)
+
+
+@singledispatch
+def _pass_for(drafts: Drafts) -> Callable[..., Verified]:
+    raise TypeError(f"cannot verify {type(drafts).__name__}: a drafter proposes a Proposal (chain) or a DraftTree")
 
 
 def _process(setup: GenerationSetup, rows: Rows, contexts: list[list[torch.Tensor]], logits: torch.Tensor) -> torch.Tensor:
@@ -108,3 +121,7 @@ def _tree_contexts(rows: Rows, tree: DraftTree) -> list[list[torch.Tensor]]:
         tokens = tree.tokens[b]
         out.append([row] + [torch.cat([row, tokens[path]]) for path in tree.paths(b)])
     return out
+
+
+_pass_for.register(Proposal, lambda drafts: verify_chain)
+_pass_for.register(DraftTree, lambda drafts: verify_tree)

@@ -158,22 +158,16 @@ class CountingDrafter(Drafter):
 
 
 class OldProtocolDrafter:
-    """A drafter written against the protocol before the base class (rows as a list, commit(rows))."""
-
-    def __init__(self):
-        self.calls = self.commits = 0
+    """A drafter written against the protocol before the base class (duck-typed, not a Drafter subclass)."""
 
     def start(self, input_ids, attention_mask, max_len):
         pass
 
     def propose(self, rows, k, ctx):
-        assert isinstance(rows, list)
-        self.calls += 1
         return Proposal(torch.full((len(rows), k), 7, dtype=torch.long))
 
     def commit(self, rows):
-        assert isinstance(rows, list)
-        self.commits += 1
+        pass
 
     def keep_rows(self, indices):
         pass
@@ -182,13 +176,11 @@ class OldProtocolDrafter:
         pass
 
 
-def test_old_protocol_drafter_still_works(llama):
+def test_old_protocol_drafter_is_refused(llama):
+    """specdec.drafters.legacy is gone: a duck-typed drafter is refused, and told to subclass Drafter."""
     model, _ = llama
-    drafter = OldProtocolDrafter()
-    with pytest.warns(FutureWarning, match="subclass specdec.drafters.Drafter"):
-        spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=3)
-    assert torch.equal(spec.generate(PROMPT, **GREEDY), model.generate(PROMPT, **GREEDY))
-    assert drafter.calls > 0 and drafter.commits > 0
+    with pytest.raises(TypeError, match="cannot use OldProtocolDrafter as a drafter: .*subclass of specdec.drafters.Drafter"):
+        specdec.SpeculativeModel(model, OldProtocolDrafter(), num_draft_tokens=3)
 
 
 def test_custom_drafter_protocol(llama):

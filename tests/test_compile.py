@@ -1,4 +1,4 @@
-"""compile_drafter: the drafter runs through torch.compile; output stays the verifier's."""
+"""compile_drafter: the drafter runs through torch.compile; output stays the verifier's (compile_verifier: test_compile_verifier.py)."""
 
 import pytest
 import torch
@@ -28,7 +28,9 @@ def test_compiled_drafter_keeps_output_exact_and_compiles_only_when_primed():
     assert counters["stats"]["unique_graphs"] == graphs  # ... and nothing was compiled after priming
 
 
-def test_failed_compilation_falls_back_to_eager(monkeypatch):
+@pytest.mark.parametrize("role", ["drafter", "verifier"])
+def test_failed_compilation_falls_back_to_eager(monkeypatch, role):
+    """No compiler: a warning, then the same output eagerly (compile_verifier: the same static passes, uncompiled)."""
     from torch._dynamo.exc import TorchDynamoException
 
     def broken(module, **kwargs):
@@ -38,12 +40,15 @@ def test_failed_compilation_falls_back_to_eager(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", broken)
     model = make_model("llama")
-    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=3, compile_drafter=True)
+    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=3, **{f"compile_{role}": True})
     ids = torch.tensor([[5, 9, 14]])
-    with pytest.warns(UserWarning, match="torch.compile failed for the drafter"):
-        out = spec.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None)
-    assert torch.equal(out, model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None))
-    assert spec.drafter.runner._compiled is None
+    with pytest.warns(UserWarning, match=f"torch.compile failed for the {role}"):
+        out = spec.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert torch.equal(out, model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None))
+    if role == "drafter":
+        assert spec.drafter.runner._compiled is None
+    else:
+        assert "no compiler here" in spec.verifier.static.failed
 
 
 def test_compile_needs_a_model_drafter():

@@ -33,7 +33,7 @@ def _identical(spec, model, batch, new=24, eos=None, **kwargs):
     ref = model.generate(ids, **gen)
     out = spec.generate(ids, **gen)
     assert torch.equal(out, ref)
-    assert spec.verifier.static.failed is None  # it really ran compiled
+    assert spec.verifier.static.failed is None and spec.verifier.static.passes > 0  # it really ran compiled
     return spec.last_stats
 
 
@@ -160,24 +160,6 @@ def test_refusals():
         specdec.SpeculativeModel(make_model("llama"), "prompt-lookup", compile_verifier="yes")
 
 
-def test_failed_compilation_falls_back_to_eager_static_passes(monkeypatch):
-    from torch._dynamo.exc import TorchDynamoException
-
-    def broken(module, **kwargs):
-        def call(**inputs):
-            raise TorchDynamoException("no compiler here")
-        return call
-
-    monkeypatch.setattr(torch, "compile", broken)
-    model = make_model("llama")
-    spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=3, compile_verifier=True)
-    ids = torch.tensor([[5, 9, 14]])
-    with pytest.warns(UserWarning, match="torch.compile failed for the verifier"):
-        out = spec.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
-    assert torch.equal(out, model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None))
-    assert "no compiler here" in spec.verifier.static.failed
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tree", [None, "auto"])
 def test_real_model_greedy_identity_batch_1_and_ragged_3(smollm2, tree):
@@ -201,4 +183,5 @@ def test_real_model_greedy_identity_batch_1_and_ragged_3(smollm2, tree):
     for r, p in enumerate(prompts):
         alone = model.generate(p.unsqueeze(0), **kwargs)[0, len(p):]
         assert torch.equal(got[r, width: width + len(alone)], alone), f"row {r}"
-    assert spec.verifier.static.failed is None and spec.verifier.static.compile_seconds > 0
+    # graphs may come from earlier tests (dynamo caches per model class): what counts is that passes ran compiled
+    assert spec.verifier.static.failed is None and spec.verifier.static.passes > 0

@@ -719,3 +719,63 @@ def test_prompt_len_and_headroom_options():
     assert sizing.plan("smollm2-135m", headroom="2GiB").runtime_reserve_bytes == 2 * GiB
     with pytest.raises(ValueError, match="memory budget"):
         sizing.plan("smollm2-135m", headroom=0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# layout: a torch-free core that check_fits needs, and the planner above it
+# --------------------------------------------------------------------------------------------
+
+
+def _sizing_imports() -> dict[str, set[str]]:
+    """Every specdec.sizing module -> the specdec.sizing modules it imports anywhere (function bodies
+    and ``if TYPE_CHECKING:`` blocks included)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(sizing.__file__).parent
+    files = {("specdec.sizing." + ".".join(f.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): f
+             for f in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        assert len(path.read_text().splitlines()) <= 500, f"{path} is over 500 lines"
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                assert not node.level, f"{path}: relative import"
+                found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                             for a in node.names)
+        graph[name] = {m for m in found if m in files and m != name}
+    return graph
+
+
+def test_core_never_imports_the_planner_and_no_module_imports_in_a_circle():
+    graph = _sizing_imports()
+    core = [m for m in graph if m != "specdec.sizing" and not m.startswith("specdec.sizing.planner")]
+    assert "specdec.sizing.check" in core and "specdec.sizing.planner.result" in graph
+    for module in core:
+        assert not {m for m in graph[module] if m == "specdec.sizing" or m.startswith("specdec.sizing.planner")}, module
+
+    def in_a_circle(start: str) -> bool:
+        stack, seen = list(graph[start]), set()
+        while stack:
+            module = stack.pop()
+            if module == start:
+                return True
+            if module not in seen:
+                seen.add(module)
+                stack.extend(graph[module])
+        return False
+
+    assert not [m for m in graph if in_a_circle(m)]
+
+
+def test_importing_sizing_imports_neither_torch_nor_transformers():
+    import subprocess
+    import sys
+
+    code = "import sys, specdec.sizing; print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr[-2000:]

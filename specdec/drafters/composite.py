@@ -6,7 +6,8 @@ import copy
 
 import torch
 
-from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
+from specdec.drafters.base import Drafter
+from specdec.protocol import Commit, DraftContext, Proposal, Rows
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.trees.build import TreeShape
 from specdec.trees.tree import DraftTree, RowTree, pack

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from specdec.acceptance import draft_distribution
-from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
+from specdec.drafters.base import Drafter
+from specdec.protocol import Commit, DraftContext, Proposal, Rows
 from specdec.drafters.model import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
 from specdec.heads.modules import CachedKeyValues, EagleHead, HeadCache, TreeKeyValues

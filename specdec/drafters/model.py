@@ -9,7 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.acceptance import draft_distribution
-from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
+from specdec.drafters.base import Drafter
+from specdec.protocol import Commit, DraftContext, Proposal, Rows
 from specdec.processing import RowContext
 from specdec.trees.build import TreeShape, grow_tree
 from specdec.trees.tree import DraftTree
@@ -243,3 +244,19 @@ class ModelDrafter(Drafter):
         if self._session is not None:
             self._session.release()
         self._session, self._fed, self._drafts_fed, self._tree_fed = None, [], None, None
+
+
+def _derived_from(draft: torch.nn.Module, verifier: torch.nn.Module) -> bool:
+    """Whether ``draft`` is built from ``verifier`` (a specdec.quant copy shares its embedding table)."""
+    try:
+        mine, theirs = draft.get_input_embeddings().weight, verifier.get_input_embeddings().weight
+    except AttributeError:
+        return False
+    return draft is verifier or mine.data_ptr() == theirs.data_ptr()
+
+
+def from_module(draft: torch.nn.Module, verifier: torch.nn.Module, verifier_tokenizer: Any, draft_tokenizer: Any) -> Drafter:
+    """A :class:`ModelDrafter` for the causal LM ``draft`` (its vocabulary checked against the verifier's); one built
+    from the verifier (a specdec.quant copy) adopts the verifier's cached prompt."""
+    check_vocab_compat(verifier, draft, verifier_tokenizer, draft_tokenizer)
+    return ModelDrafter(draft, reuse_verifier_prompt=_derived_from(draft, verifier))

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.drafters.base import DraftContext, Drafter, Proposal, Rows
+from specdec.drafters.base import Drafter
+from specdec.protocol import DraftContext, Proposal, Rows
 
 
 class OracleDrafter(Drafter):

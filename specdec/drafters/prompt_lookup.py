@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import DraftContext, Drafter, Proposal, Rows
+from specdec.drafters.base import Drafter
+from specdec.protocol import DraftContext, Proposal, Rows
 from specdec.trees.build import TreeShape
 from specdec.trees.tree import DraftTree, RowTree, pack
 

@@ -16,7 +16,7 @@ import shlex
 import sys
 from typing import Any
 
-from specdec.draft_spec import FORMS
+from specdec.draft_spec import forms
 from specdec.eval.methods import BASELINE_KINDS, DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
 
 DEFAULT_OUT = "specdec-eval"
@@ -83,7 +83,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     gen.add_argument("--device", default="auto",
                      help="'auto' (this process's accelerate device: cuda:N or cpu), 'cpu', 'cuda:0', ...")
     gen.add_argument("--draft", nargs="+", default=[DEFAULT_DRAFT], metavar="DRAFT",
-                     help=f"drafter(s): {FORMS} (hf-assisted is skipped for drafters that are not causal LMs)")
+                     help=f"drafter(s): {forms()} (hf-assisted is skipped for drafters that are not causal LMs)")
     gen.add_argument("--adaptive", action="store_true",
                      help="also run each specdec method with adaptive draft length (up to its k); mean_draft_length "
                           "in summary.json and the report shows the k each method actually drafted")

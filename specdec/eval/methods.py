@@ -111,8 +111,8 @@ class ResolvedDraft:
 
 
 def has_hf_assistant(spec: str) -> bool:
-    """Whether drafter ``spec`` is a causal LM that HF assisted generation can use."""
-    return parse_draft(spec).hf_assistant
+    """Whether drafter ``spec`` is a causal LM that HF assisted generation can use (as its kind declares)."""
+    return parse_draft(spec).declared.hf_assistant
 
 
 def resolve_draft(spec: str, model: Any, tokenizer: Any = None) -> ResolvedDraft:

@@ -44,6 +44,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any, Iterable, Mapping, Sequence
 
+from specdec import metrics
 from specdec.eval.methods import HF_COMPILED
 from specdec.eval.metrics import compute_metric
 from specdec.eval.records import OUTPUT_FILES, REPORT_FILE, SUMMARY_FILE, load_records
@@ -69,7 +70,7 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
         "prompts": len(rows),
         "new_tokens": sum(tokens),
         "seconds": _round(total_s),
-        "tokens_per_s": _round(sum(tokens) / total_s if total_s else 0.0, 3),
+        "tokens_per_s": _round(metrics.throughput(tokens, seconds), 3),
         "time_to_first_token": _round(mean(r["time_to_first_token"] for r in rows) if rows else None, 5),
         "time_per_output_token": _round(mean(r["time_per_output_token"] for r in rows) if rows else None, 5),
     }
@@ -97,14 +98,14 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
                    acceptance_by_position=[_round(x) for x in acc.get("acceptance_by_position", [])])
         if all(r.get("proposed") is not None for r in rows):  # trees: nodes scored, not positions
             proposed = sum(r["proposed"] for r in rows)
-            fig.update(proposed=proposed, acceptance_rate=_round(acc["accepted"] / proposed if proposed else 0.0))
+            fig.update(proposed=proposed, acceptance_rate=_round(metrics.acceptance_rate(acc["accepted"], proposed)))
     if rows and all(r.get("verifier_passes") is not None for r in rows):
         fig["mean_accepted_length"] = _round(compute_metric(
             "mean_accepted_length", committed=[r["committed_tokens"] for r in rows],
             verifier_passes=[r["verifier_passes"] for r in rows])["mean_accepted_length"])
         if fig["proposed"] is not None:  # pooled: total drafts proposed over total verifier passes
-            passes = sum(r["verifier_passes"] for r in rows)
-            fig["mean_draft_length"] = fig["mean_tree_tokens"] = _round(fig["proposed"] / passes if passes else 0.0)
+            fig["mean_draft_length"] = fig["mean_tree_tokens"] = _round(
+                metrics.mean_draft_length(fig["proposed"], [r["verifier_passes"] for r in rows]))
     return fig
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from specdec import metrics
 from specdec.api import SpeculativeModel
 from specdec.prompts import encode_prompt  # re-exported: specdec.eval.side_by_side.encode_prompt is public
 
@@ -49,6 +50,12 @@ class PromptResult:
     accepted: int
     verifier_forwards: int
     text: str = ""
+    committed: int | None = None  # tokens the verifier passes committed (None: new_tokens - 1, see committed_tokens)
+
+    @property
+    def committed_tokens(self) -> int:
+        """Tokens committed by this prompt's verifier passes: every new token but the prefill's first."""
+        return max(self.new_tokens - 1, 0) if self.committed is None else self.committed
 
 
 @dataclass
@@ -62,34 +69,40 @@ class Comparison:
     compile_verifier: bool = False
     verifier_compile_seconds: float | None = None  # compile_verifier: priming its graphs, before any timed call
 
+    def _totals(self, name: str) -> list[Any]:
+        """Each prompt's value of ``name``, in order (what the pooled figures add up)."""
+        return [getattr(r, name) for r in self.results]
+
     @property
     def mean_tree_tokens(self) -> float:
-        """Draft tokens the verifier scored per pass (a tree's nodes; a chain's k)."""
-        steps = sum(r.verifier_forwards for r in self.results)
-        return sum(r.proposed for r in self.results) / steps if steps else 0.0
+        """Draft tokens the verifier scored per pass (a tree's nodes; a chain's k), pooled over the prompts."""
+        return metrics.mean_draft_length(self._totals("proposed"), self._totals("verifier_forwards"))
 
     @property
     def plain_tokens_per_s(self) -> float:
-        return sum(r.new_tokens for r in self.results) / max(sum(r.plain_seconds for r in self.results), 1e-9)
+        """Plain ``generate``'s throughput: all new tokens over all its seconds."""
+        return metrics.throughput(self._totals("new_tokens"), self._totals("plain_seconds"))
 
     @property
     def spec_tokens_per_s(self) -> float:
-        return sum(r.new_tokens for r in self.results) / max(sum(r.spec_seconds for r in self.results), 1e-9)
+        """specdec's throughput: all new tokens over all its seconds."""
+        return metrics.throughput(self._totals("new_tokens"), self._totals("spec_seconds"))
 
     @property
     def speedup(self) -> float:
-        return self.spec_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
+        """specdec's throughput over plain ``generate``'s, on the same prompts."""
+        tokens = self._totals("new_tokens")
+        return metrics.speedup(tokens, self._totals("spec_seconds"), tokens, self._totals("plain_seconds"))
 
     @property
     def acceptance_rate(self) -> float:
-        proposed = sum(r.proposed for r in self.results)
-        return sum(r.accepted for r in self.results) / proposed if proposed else 0.0
+        """Accepted over proposed draft tokens, pooled over the prompts."""
+        return metrics.acceptance_rate(self._totals("accepted"), self._totals("proposed"))
 
     @property
     def mean_accepted_length(self) -> float:
-        steps = sum(r.verifier_forwards for r in self.results)
-        # tokens per verifier pass; the first token comes from the prefill pass
-        return sum(r.new_tokens - 1 for r in self.results) / steps if steps else 0.0
+        """Tokens committed per verifier pass, pooled: total committed over total passes (as ``specdec eval``)."""
+        return metrics.mean_accepted_length(self._totals("committed_tokens"), self._totals("verifier_forwards"))
 
     def summary(self) -> dict[str, Any]:
         """The JSON contract of ``specdec demo --json`` / ``specdec generate --compare --json``."""
@@ -109,15 +122,17 @@ class Comparison:
             "compile_verifier": self.compile_verifier,
             "verifier_compile_seconds": (None if self.verifier_compile_seconds is None
                                          else round(self.verifier_compile_seconds, 2)),
-            "per_prompt": [{k: v for k, v in asdict(r).items() if k not in ("prompt", "text")} for r in self.results],
+            "per_prompt": [{k: v for k, v in asdict(r).items() if k not in ("prompt", "text", "committed")}
+                           for r in self.results],
         }
 
     def table(self) -> str:
         lines = [f"{'task':<14}{'tokens':>7}{'plain tok/s':>13}{'specdec tok/s':>15}{'ratio':>7}{'accept':>8}{'len':>6}  same"]
         for r in self.results:
-            plain, spec = r.new_tokens / r.plain_seconds, r.new_tokens / r.spec_seconds
+            plain = metrics.throughput(r.new_tokens, r.plain_seconds)
+            spec = metrics.throughput(r.new_tokens, r.spec_seconds)
             lines.append(
-                f"{r.task:<14}{r.new_tokens:>7}{plain:>13.2f}{spec:>15.2f}{spec / plain:>7.2f}"
+                f"{r.task:<14}{r.new_tokens:>7}{plain:>13.2f}{spec:>15.2f}{metrics.ratio(spec, plain):>7.2f}"
                 f"{r.acceptance_rate:>8.2f}{r.mean_accepted_length:>6.2f}  {'yes' if r.identical else 'NO'}"
             )
         lines.append(
@@ -182,6 +197,7 @@ def compare(
             proposed=stats.proposed,
             accepted=stats.accepted,
             verifier_forwards=stats.verifier_forwards,
+            committed=sum(stats.committed_per_step),
             text=tokenizer.decode(spec_out[0, ids.shape[1] :], skip_special_tokens=True),
         )
         result.results.append(row)

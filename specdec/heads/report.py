@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.drafters.base import DraftContext, Proposal, Rows
+from specdec.protocol import DraftContext, Proposal, Rows
 from specdec.drafters.eagle import EagleDrafter
 from specdec.heads.features import verifier_features
 from specdec.heads.modules import EagleHead

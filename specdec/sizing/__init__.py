@@ -22,20 +22,20 @@ layer, sliding ones included, so that rollback is a pointer move; :func:`managed
 exactly what it allocates, and the planner budgets with it, for the slots the engine allocates
 (:func:`specdec.slots.cache_slots`).
 
-Modules (docs/sizing.md has the map): ``memory`` (sizes, dtypes, free memory), ``presets``,
-``configs`` (loading and reading configs), ``arch`` (decoder numbers, layer kinds), ``kv``,
-``quant`` (schemes, from specdec.quant's table), ``weights``, ``activations``, ``budget`` (the one
-computation of what a call needs), ``check`` (the engine's pre-check), ``advice``, ``result``
-(Plan, PlanError), ``render``, ``planner`` (plan), ``command`` (``specdec plan``).
+Two layers (docs/sizing.md has the map). The core, what the engine needs for :func:`check_fits`:
+``memory`` (sizes, dtypes, free memory), ``presets`` (model configs as plain dicts), ``configs``
+(loading and reading configs, decoder numbers, layer kinds), ``kv``, ``weights`` (parameter counts,
+weight bytes, quantization schemes from specdec.quant's table), ``budget`` (activations and the one
+computation of what a call needs), ``check`` (the engine's pre-check, PlanError). Above it the
+planner, ``specdec.sizing.planner``: ``planning`` (plan and its advice), ``result`` (Plan and its
+tables), ``command`` (``specdec plan``). The core never imports the planner.
 Nothing here imports torch or transformers at import time, and presets are sized without them.
 """
 
 from __future__ import annotations
 
-from specdec.sizing.activations import activation_bytes
-from specdec.sizing.budget import Need, Workload
-from specdec.sizing.check import FitCheck, check_fits
-from specdec.sizing.command import add_plan_arguments, run_plan
+from specdec.sizing.budget import Need, Workload, activation_bytes
+from specdec.sizing.check import FitCheck, PlanError, check_fits
 from specdec.sizing.configs import ConfigLike, load_config
 from specdec.sizing.kv import (
     KVProfile,
@@ -51,11 +51,23 @@ from specdec.sizing.kv import (
     naive_kv_bytes_per_token,
 )
 from specdec.sizing.memory import GiB, available_memory, dtype_bytes, dtype_name, format_bytes, parse_memory
-from specdec.sizing.planner import DEFAULT_CONTEXT, DEFAULT_RUNTIME_RESERVE, plan
+from specdec.sizing.planner import (
+    DEFAULT_CONTEXT,
+    DEFAULT_RUNTIME_RESERVE,
+    Plan,
+    add_plan_arguments,
+    plan,
+    run_plan,
+)
 from specdec.sizing.presets import PRESETS
-from specdec.sizing.quant import QuantScheme, parse_quant
-from specdec.sizing.result import Plan, PlanError
-from specdec.sizing.weights import copy_weight_bytes, param_breakdown, param_count, weight_bytes
+from specdec.sizing.weights import (
+    QuantScheme,
+    copy_weight_bytes,
+    param_breakdown,
+    param_count,
+    parse_quant,
+    weight_bytes,
+)
 
 __all__ = [
     "ConfigLike",

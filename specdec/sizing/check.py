@@ -1,16 +1,29 @@
-"""The engine's pre-check: do a call's managed caches and activations fit, before any compute?"""
+"""The engine's pre-check: do a call's managed caches and activations fit, before any compute?
+
+:class:`PlanError` is what does not fit raises, here and in the planner (:func:`specdec.sizing.plan`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from specdec.sizing import advice
-from specdec.sizing.budget import Workload
+from specdec.sizing.budget import Need, Workload, largest
 from specdec.sizing.configs import ConfigLike, is_self_draft, resolve
-from specdec.sizing.memory import available_memory, check_count, dtype_name, parse_memory
-from specdec.sizing.result import PlanError
+from specdec.sizing.memory import available_memory, check_count, dtype_name, format_bytes, parse_memory, smaller_dtype
 from specdec.sizing.weights import weight_bytes
+
+
+class PlanError(MemoryError):
+    """A request does not fit in memory. The message says what to change.
+
+    ``plan`` holds the :class:`~specdec.sizing.Plan` the planner computed before giving up, when
+    there is one (:func:`check_fits` leaves it None).
+    """
+
+    def __init__(self, message: str, plan: Any = None) -> None:
+        super().__init__(message)
+        self.plan = plan
 
 
 @dataclass(frozen=True)
@@ -80,4 +93,36 @@ def check_fits(
     if need.total <= budget:
         return FitCheck(need.total, budget, need.verifier_cache, need.drafter_cache, need.activations, need.weights,
                         dev)
-    raise PlanError(advice.check_fits_failure(work, batch_size, max_len, prefill, budget, dev, need, include_weights))
+    raise PlanError(_does_not_fit(work, batch_size, max_len, prefill, budget, dev, need, include_weights))
+
+
+def _does_not_fit(work: Workload, batch: int, slots: int, prefill: int, budget: int, device: str, need: Need,
+                  include_weights: bool) -> str:
+    """:func:`check_fits`'s message: what was counted, and the batch, row length or dtype that would fit."""
+
+    def fits(w: Workload, b: int, n: int) -> bool:
+        return w.need(b, n, prefill).total <= budget
+
+    tips = []
+    max_b = largest(lambda b: fits(work, b, slots), 1)
+    max_l = largest(lambda n: fits(work, batch, n), 1)
+    if max_b:
+        tips.append(f"lower the batch to {max_b}")
+    if max_l:
+        tips.append(f"shorten the rows to {max_l} cache slots each (prompt + max_new_tokens, plus a batch's slack)")
+    smaller = smaller_dtype(work.dtype)
+    if smaller is not None:
+        draft_smaller = smaller_dtype(work.draft_dtype) or work.draft_dtype
+        if fits(work.with_dtypes(smaller, draft_smaller), batch, slots):
+            tips.append(f"load the models in {smaller} (halves the KV cache)")
+        else:
+            tips.append(f"use a smaller dtype ({smaller} halves the KV cache)")
+    if not tips:
+        tips.append("free memory or use a smaller model/draft")
+    return (
+        f"not enough memory on {device}: batch {batch} x {slots} slots needs {format_bytes(need.total)} "
+        f"(verifier KV cache {format_bytes(need.verifier_cache)}, drafter KV cache {format_bytes(need.drafter_cache)}, "
+        f"activations ~{format_bytes(need.activations)}"
+        + (f", weights {format_bytes(need.weights)}" if include_weights else "")
+        + f") but {format_bytes(budget)} is available. To fit: " + "; or ".join(tips) + "."
+    )

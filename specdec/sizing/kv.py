@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specdec.sizing.arch import arch, layer_kinds
-from specdec.sizing.configs import ConfigLike, resolve
+from specdec.sizing.configs import ConfigLike, arch, layer_kinds, resolve
 from specdec.sizing.memory import check_count, dtype_bytes, dtype_name
 from specdec.slots import cache_slots
 

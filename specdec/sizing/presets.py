@@ -33,10 +33,11 @@ def _alternating(num_layers: int, every: int) -> list[str]:
     return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(num_layers)]
 
 
-def _llama(layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int, max_pos: int,
-           tie: bool = False, head_dim: int | None = None, **extra: Any) -> dict[str, Any]:
+def _decoder(layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int, max_pos: int,
+             tie: bool = False, head_dim: int | None = None, model_type: str = "llama", **extra: Any) -> dict[str, Any]:
+    """The fields every preset sets, then ``head_dim`` when the real config sets one, then ``extra``."""
     cfg: dict[str, Any] = {
-        "model_type": "llama",
+        "model_type": model_type,
         "num_hidden_layers": layers,
         "hidden_size": hidden,
         "num_attention_heads": heads,
@@ -55,114 +56,45 @@ def _llama(layers: int, hidden: int, heads: int, kv_heads: int, inter: int, voca
 def _qwen25(layers: int, hidden: int, heads: int, kv_heads: int, inter: int, vocab: int,
             tie: bool) -> dict[str, Any]:
     # Qwen2.5 ships sliding-window fields but disables them (use_sliding_window: false).
-    return {
-        "model_type": "qwen2",
-        "num_hidden_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "intermediate_size": inter,
-        "vocab_size": vocab,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": tie,
-        "use_sliding_window": False,
-    }
+    return _decoder(layers, hidden, heads, kv_heads, inter, vocab, 32768, tie, model_type="qwen2",
+                    use_sliding_window=False)
 
 
 def _gemma2(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> dict[str, Any]:
-    return {
-        "model_type": "gemma2",
-        "num_hidden_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": inter,
-        "vocab_size": 256000,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "sliding_window": 4096,
-        "layer_types": _alternating(layers, 2),
-    }
+    return _decoder(layers, hidden, heads, kv_heads, inter, 256000, 8192, True, head_dim, model_type="gemma2",
+                    sliding_window=4096, layer_types=_alternating(layers, 2))
 
 
 def _gemma3(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, vocab: int,
             window: int, max_pos: int) -> dict[str, Any]:
-    return {
-        "model_type": "gemma3_text",
-        "num_hidden_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": inter,
-        "vocab_size": vocab,
-        "max_position_embeddings": max_pos,
-        "tie_word_embeddings": True,
-        "sliding_window": window,
-        "sliding_window_pattern": 6,
-        "layer_types": _alternating(layers, 6),
-    }
+    return _decoder(layers, hidden, heads, kv_heads, inter, vocab, max_pos, True, head_dim, model_type="gemma3_text",
+                    sliding_window=window, sliding_window_pattern=6, layer_types=_alternating(layers, 6))
 
 
 def _phi3(layers: int, hidden: int, heads: int, kv_heads: int, inter: int) -> dict[str, Any]:
     # The 4k-context Phi-3 configs declare a 2047-token sliding window, which transformers'
     # Phi3 applies (create_sliding_window_causal_mask).
-    return {
-        "model_type": "phi3",
-        "num_hidden_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "intermediate_size": inter,
-        "vocab_size": 32064,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-        "sliding_window": 2047,
-    }
+    return _decoder(layers, hidden, heads, kv_heads, inter, 32064, 4096, model_type="phi3", sliding_window=2047)
 
 
 PRESETS: dict[str, dict[str, Any]] = {
     # Meta Llama 2 (meta-llama/Llama-2-*-hf): 7B and 13B are plain multi-head, 70B uses GQA.
-    "llama-2-7b": _llama(32, 4096, 32, 32, 11008, 32000, 4096),
-    "llama-2-13b": _llama(40, 5120, 40, 40, 13824, 32000, 4096),
-    "llama-2-70b": _llama(80, 8192, 64, 8, 28672, 32000, 4096),
+    "llama-2-7b": _decoder(32, 4096, 32, 32, 11008, 32000, 4096),
+    "llama-2-13b": _decoder(40, 5120, 40, 40, 13824, 32000, 4096),
+    "llama-2-70b": _decoder(80, 8192, 64, 8, 28672, 32000, 4096),
     # Llama 3 / 3.1 (Meta-Llama-3-8B, Llama-3.1-70B, ...): GQA with 8 KV heads, 128k vocabulary.
-    "llama-3-8b": _llama(32, 4096, 32, 8, 14336, 128256, 8192),
-    "llama-3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192),
-    "llama-3.1-8b": _llama(32, 4096, 32, 8, 14336, 128256, 131072),
-    "llama-3.1-70b": _llama(80, 8192, 64, 8, 28672, 128256, 131072),
+    "llama-3-8b": _decoder(32, 4096, 32, 8, 14336, 128256, 8192),
+    "llama-3-70b": _decoder(80, 8192, 64, 8, 28672, 128256, 8192),
+    "llama-3.1-8b": _decoder(32, 4096, 32, 8, 14336, 128256, 131072),
+    "llama-3.1-70b": _decoder(80, 8192, 64, 8, 28672, 128256, 131072),
     # Llama 3.2 text models: explicit head_dim, tied embeddings.
-    "llama-3.2-1b": _llama(16, 2048, 32, 8, 8192, 128256, 131072, tie=True, head_dim=64),
-    "llama-3.2-3b": _llama(28, 3072, 24, 8, 8192, 128256, 131072, tie=True, head_dim=128),
+    "llama-3.2-1b": _decoder(16, 2048, 32, 8, 8192, 128256, 131072, tie=True, head_dim=64),
+    "llama-3.2-3b": _decoder(28, 3072, 24, 8, 8192, 128256, 131072, tie=True, head_dim=128),
     # Mistral-7B-v0.1: every layer slides over a 4096-token window.
-    "mistral-7b": {
-        "model_type": "mistral",
-        "num_hidden_layers": 32,
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "intermediate_size": 14336,
-        "vocab_size": 32000,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-        "sliding_window": 4096,
-    },
+    "mistral-7b": _decoder(32, 4096, 32, 8, 14336, 32000, 32768, model_type="mistral", sliding_window=4096),
     # Mixtral-8x7B-v0.1: 8 experts, 2 active per token, no sliding window (sliding_window: null).
-    "mixtral-8x7b": {
-        "model_type": "mixtral",
-        "num_hidden_layers": 32,
-        "hidden_size": 4096,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "intermediate_size": 14336,
-        "vocab_size": 32000,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-        "sliding_window": None,
-        "num_local_experts": 8,
-        "num_experts_per_tok": 2,
-    },
+    "mixtral-8x7b": _decoder(32, 4096, 32, 8, 14336, 32000, 32768, model_type="mixtral", sliding_window=None,
+                             num_local_experts=8, num_experts_per_tok=2),
     # Qwen2.5 (Qwen/Qwen2.5-*-Instruct): q/k/v projections carry biases; small models tie embeddings.
     "qwen2.5-0.5b": _qwen25(24, 896, 14, 2, 4864, 151936, tie=True),
     "qwen2.5-1.5b": _qwen25(28, 1536, 12, 2, 8960, 151936, tie=True),
@@ -211,7 +143,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": False,
     },
     # HuggingFaceTB/SmolLM2-135M: the model this project measures on CPU.
-    "smollm2-135m": _llama(30, 576, 9, 3, 1536, 49152, 8192, tie=True, head_dim=64),
+    "smollm2-135m": _decoder(30, 576, 9, 3, 1536, 49152, 8192, tie=True, head_dim=64),
 }
 
 

@@ -20,7 +20,7 @@ from specdec.trees.sizing import TreeSizer
 from specdec.trees.tree import DraftTree
 
 if TYPE_CHECKING:  # trees never import drafters at run time: drafters import trees
-    from specdec.drafters.base import DraftContext, Rows
+    from specdec.protocol import DraftContext, Rows
     from specdec.processing import RowContext
 
 

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.protocol import Drafts
+
 
 @dataclass
-class DraftTree:
+class DraftTree(Drafts):
     """Draft tokens as a tree: what :meth:`~specdec.drafters.Drafter.propose_tree` returns (a chain's
     :class:`~specdec.drafters.Proposal` has the same ``tokens`` and ``probs``).
 
@@ -41,9 +43,10 @@ class DraftTree:
         self._parents = host
         self._valid = self.valid.tolist()
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.tokens.shape[1])
+    def scored(self) -> list[tuple[int, int]]:
+        """Per row: (real nodes, the deepest real node's depth)."""
+        return [(sum(ok), max((d for d, v in zip(depth, ok) if v), default=0))
+                for depth, ok in zip(self.depths(), self._valid)]
 
     def host(self) -> tuple[list[list[int]], list[list[bool]]]:
         """``(parents, valid)`` as host lists (no device sync after construction)."""

@@ -16,14 +16,13 @@ buffers as masked dummies (:attr:`CacheSession.live` maps active rows to buffer 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from specdec.verifiers.cache import CacheOverflowError, ManagedCache
 
 if TYPE_CHECKING:
-    from specdec.verifiers.hf import CausalLMRunner
     from specdec.verifiers.static import StaticVerifier
 
 
@@ -37,10 +36,24 @@ class StepOutput:
         self.logits, self.hidden = logits, hidden
 
 
+class Runner(Protocol):
+    """What a session needs of the model runner that made it (:class:`specdec.verifiers.hf.CausalLMRunner`)."""
+
+    model: Any
+    sliding: bool
+    num_layers: int
+
+    def run(self, session: "CacheSession", hidden_layers: tuple[int, ...], **inputs: Any) -> "StepOutput": ...
+
+    def run_static(self, session: "CacheSession", hidden_layers: tuple[int, ...], **inputs: Any) -> "StepOutput": ...
+
+    def check_tree_masks(self, purpose: str = ...) -> None: ...
+
+
 class CacheSession:
     """The per-call cache state of one model (verifier or model drafter)."""
 
-    def __init__(self, runner: "CausalLMRunner", batch: int, max_len: int, device: torch.device,
+    def __init__(self, runner: Runner, batch: int, max_len: int, device: torch.device,
                  static: "StaticVerifier | None" = None, widths: tuple[int, ...] = ()) -> None:
         self.runner = runner
         self.static, self.widths = static, tuple(sorted(widths))  # compiled passes: their engine and widths

@@ -74,6 +74,7 @@ class StaticVerifier:
         # shapes go dynamic after the first change), and on a CPU a padded token costs as much as a real one
         self.pads = options.get("mode") in ("reduce-overhead", "max-autotune") or options.get("backend") == "cudagraphs"
         self.compile_seconds = 0.0  # wall time of passes that compiled (priming or the first calls)
+        self.passes = 0  # static passes run through the compiled model
         self.graphs = 0  # passes that compiled a graph (dynamo) or recorded one (a CUDA graph of a new shape)
         self.failed: str | None = None  # why compiling failed (the passes then run eagerly, still static)
         self._shapes: set[tuple] = set()  # shapes already run: with CUDA graphs a new one records a graph
@@ -139,6 +140,7 @@ class StaticVerifier:
                 if self.pads and self.cuda:  # the previous pass's outputs were copied out: their graph memory may be reused
                     torch.compiler.cudagraph_mark_step_begin()
                 out = self.compiled(**inputs, output_hidden_states=hidden)
+                self.passes += 1
             except COMPILE_ERRORS as err:
                 self.failed = f"{type(err).__name__}: {err}"
                 warnings.warn(f"torch.compile failed for the verifier ({self.failed}); verify passes run eagerly",

@@ -12,6 +12,8 @@ A local ``evaluate`` module (no hub access needed)::
 import datasets
 import evaluate
 
+from specdec import metrics
+
 _DESCRIPTION = "Accepted draft tokens / proposed draft tokens of speculative decoding, pooled over generations."
 _INPUTS = """
 Args:
@@ -40,17 +42,11 @@ class AcceptanceRate(evaluate.Metric):
     def _compute(self, accepted, proposed):
         by_position = None
         if accepted and isinstance(accepted[0], (list, tuple)):
-            width = max((len(row) for row in proposed), default=0)
-            acc_pos, prop_pos = [0] * width, [0] * width
-            for acc_row, prop_row in zip(accepted, proposed):
-                for i, (a, p) in enumerate(zip(acc_row, prop_row)):
-                    acc_pos[i] += a
-                    prop_pos[i] += p
-            by_position = [a / p if p else 0.0 for a, p in zip(acc_pos, prop_pos)]
-            accepted, proposed = acc_pos, prop_pos
-        total_accepted, total_proposed = int(sum(accepted)), int(sum(proposed))
+            accepted, proposed = metrics.pool_positions(accepted, proposed)
+            by_position = metrics.acceptance_by_position(accepted, proposed)
+        total_accepted, total_proposed = int(metrics.total(accepted)), int(metrics.total(proposed))
         result = {
-            "acceptance_rate": total_accepted / total_proposed if total_proposed else 0.0,
+            "acceptance_rate": metrics.acceptance_rate(total_accepted, total_proposed),
             "accepted": total_accepted,
             "proposed": total_proposed,
         }

@@ -10,6 +10,8 @@ value is at least 1 and at most ``k + 1``. A local ``evaluate`` module::
 import datasets
 import evaluate
 
+from specdec import metrics
+
 _DESCRIPTION = "Tokens committed per verifier forward pass of speculative decoding, pooled over generations."
 _INPUTS = """
 Args:
@@ -31,5 +33,4 @@ class MeanAcceptedLength(evaluate.Metric):
         )
 
     def _compute(self, committed, verifier_passes):
-        passes = int(sum(verifier_passes))
-        return {"mean_accepted_length": sum(committed) / passes if passes else 0.0}
+        return {"mean_accepted_length": metrics.mean_accepted_length(committed, verifier_passes)}

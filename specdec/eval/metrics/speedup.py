@@ -10,6 +10,8 @@ ones, as they do for a user. A local ``evaluate`` module::
 import datasets
 import evaluate
 
+from specdec import metrics
+
 _DESCRIPTION = "Pooled tokens/s of a method divided by pooled tokens/s of a baseline, on the same prompts."
 _INPUTS = """
 Args:
@@ -19,11 +21,6 @@ Returns:
     speedup: tokens_per_s / baseline_tokens_per_s (0.0 if the baseline has no throughput);
     tokens_per_s, baseline_tokens_per_s.
 """
-
-
-def _rate(tokens, seconds):
-    total = sum(seconds)
-    return sum(tokens) / total if total > 0 else 0.0
 
 
 class Speedup(evaluate.Metric):
@@ -39,5 +36,8 @@ class Speedup(evaluate.Metric):
         )
 
     def _compute(self, new_tokens, seconds, baseline_new_tokens, baseline_seconds):
-        rate, base = _rate(new_tokens, seconds), _rate(baseline_new_tokens, baseline_seconds)
-        return {"speedup": rate / base if base else 0.0, "tokens_per_s": rate, "baseline_tokens_per_s": base}
+        return {
+            "speedup": metrics.speedup(new_tokens, seconds, baseline_new_tokens, baseline_seconds),
+            "tokens_per_s": metrics.throughput(new_tokens, seconds),
+            "baseline_tokens_per_s": metrics.throughput(baseline_new_tokens, baseline_seconds),
+        }

@@ -10,6 +10,8 @@ loads offline. A local ``evaluate`` module::
 import datasets
 import evaluate
 
+from specdec import metrics
+
 _DESCRIPTION = "Fraction (and count) of generations identical, token for token, to the reference generation."
 _INPUTS = """
 Args:
@@ -31,6 +33,5 @@ class TokenExactMatch(evaluate.Metric):
         )
 
     def _compute(self, predictions, references):
-        matches = sum(list(p) == list(r) for p, r in zip(predictions, references))
-        total = len(predictions)
-        return {"exact_match": matches / total if total else 0.0, "matches": matches, "total": total}
+        matches, total = metrics.exact_matches(predictions, references), len(predictions)
+        return {"exact_match": metrics.ratio(matches, total), "matches": matches, "total": total}

@@ -1,19 +1,26 @@
-"""``plan``: memory for speculative decoding with a verifier (+ drafter), and what fits."""
+"""``plan``: memory for speculative decoding with a verifier (+ drafter), what fits, and what to
+change when it does not (the messages of PlanError and ``Plan.advice``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
-from specdec.sizing import advice
-from specdec.sizing.arch import Arch, arch
 from specdec.sizing.budget import Need, Workload, largest
-from specdec.sizing.configs import ConfigLike, is_self_draft, resolve
+from specdec.sizing.check import PlanError
+from specdec.sizing.configs import Arch, ConfigLike, arch, is_self_draft, resolve
 from specdec.sizing.kv import kv_profile
-from specdec.sizing.memory import GiB, available_memory, check_count, dtype_name, parse_memory
-from specdec.sizing.quant import QuantScheme, parse_quant
-from specdec.sizing.result import Plan, PlanError
-from specdec.sizing.weights import copy_weight_bytes, param_count, weight_bytes
+from specdec.sizing.memory import (
+    GiB,
+    available_memory,
+    check_count,
+    dtype_name,
+    format_bytes,
+    parse_memory,
+    smaller_dtype,
+)
+from specdec.sizing.planner.result import Plan
+from specdec.sizing.weights import QuantScheme, copy_weight_bytes, param_count, parse_quant, weight_bytes
 from specdec.slots import cache_slots
 
 DEFAULT_CONTEXT = 4096
@@ -253,8 +260,61 @@ def _apply_budget(result: Plan, req: _Request, work: Workload) -> None:
     result.naive_max_batch = largest(lambda b: req.need(naive, b, req.context).total <= budget, 1)
     if result.max_batch == 0 and result.max_context == 0:
         if not fits(1, 1):
-            raise PlanError(advice.weights_do_not_fit(work, req.wq, budget), result)
-        raise PlanError(advice.lower_both(fits, req.batch, req.context, req.model_max, budget, work.dtype), result)
+            raise PlanError(_weights_do_not_fit(work, req.wq, budget), result)
+        raise PlanError(_lower_both(fits, req.batch, req.context, req.model_max, budget, work.dtype), result)
     if not result.fits:
-        result.advice = advice.does_not_fit(result.total_bytes, budget, result.max_batch, result.max_context,
-                                            req.batch, req.context, work.dtype, req.wq)
+        result.advice = _does_not_fit(result.total_bytes, budget, result.max_batch, result.max_context,
+                                      req.batch, req.context, work.dtype, req.wq)
+
+
+def _weights_do_not_fit(work: Workload, wq: QuantScheme | None, budget: int) -> str:
+    """The planner's message when even the weights and the reserve leave no room."""
+    v, d = work.verifier_weights, work.drafter_weights
+    return (f"nothing fits in {format_bytes(budget)}: weights take {format_bytes(v + d)} "
+            f"(verifier {format_bytes(v)}" + (f", drafter {format_bytes(d)}" if work.drafter is not None else "")
+            + f") plus {format_bytes(work.reserve)} runtime reserve. " + _weight_tips(work, wq, budget))
+
+
+def _weight_tips(work: Workload, wq: QuantScheme | None, budget: int) -> str:
+    """What would make the weights fit: a smaller dtype, or quantizing the verifier's linears."""
+    tips = []
+    for scheme in ("int8", "int4"):
+        if wq is not None and wq.bits <= parse_quant(scheme).bits:
+            continue
+        w = weight_bytes(work.verifier, work.dtype, scheme) + work.drafter_weights
+        verdict = "would leave room" if w + work.reserve < budget else "still too much"
+        tips.append(f"--quant {scheme} brings the weights to {format_bytes(w)} ({verdict})")
+    smaller = smaller_dtype(work.dtype)
+    if smaller:
+        tips.insert(0, f"--dtype {smaller} halves the weights")
+    tips.append("use more memory or a smaller model/drafter")
+    return "To fit: " + "; ".join(tips) + "."
+
+
+def _lower_both(fits: Callable[[int, int], bool], batch: int, context: int, model_max: int | None, budget: int,
+                dtype: Any) -> str:
+    """The planner's message when neither batch 1 at the context nor 1 token at the batch fits."""
+    best_c = largest(lambda c: fits(1, c), 1, model_max)
+    small_c = min(context, 2048)
+    best_b = largest(lambda b: fits(b, small_c), 1)
+    smaller = smaller_dtype(dtype)
+    return (f"batch {batch} x context {context:,} does not fit in {format_bytes(budget)}: not even batch 1 at "
+            f"context {context:,}, nor 1 token at batch {batch}. Lower both: batch 1 fits up to context "
+            f"{best_c:,}; context {small_c:,} fits up to batch {best_b}"
+            + (f"; or use a smaller dtype ({smaller})" if smaller else "") + ".")
+
+
+def _does_not_fit(total: int, budget: int, max_batch: int, max_context: int, batch: int, context: int, dtype: Any,
+                  wq: QuantScheme | None) -> str:
+    """``Plan.advice`` when the requested batch x context does not fit but something smaller does."""
+    tips = []
+    if max_batch:
+        tips.append(f"lower the batch to {max_batch} at context {context:,}")
+    if max_context:
+        tips.append(f"shorten the context to {max_context:,} at batch {batch}")
+    smaller = smaller_dtype(dtype)
+    if smaller:
+        tips.append(f"use --dtype {smaller}")
+    elif wq is None:
+        tips.append("quantize the weights (--quant int8 / int4)")
+    return f"DOES NOT FIT: needs {format_bytes(total)} of {format_bytes(budget)}; " + "; or ".join(tips) + "."

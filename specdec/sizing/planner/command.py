@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from specdec.sizing.planner import plan
+from specdec.sizing.check import PlanError
+from specdec.sizing.planner.planning import plan
 from specdec.sizing.presets import preset_names
-from specdec.sizing.result import PlanError
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,198 @@
+"""The built-in drafter kinds, each declared once in the registry of :mod:`specdec.draft_spec`.
+
+A kind says how its name parses, how it builds, how it describes itself, whether transformers'
+assisted generation can use what it builds, and its form for help texts. Torch-free at import: the
+builders and describers import what they need when they run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from specdec.draft_registry import COMPOSITE_DEFAULT_SCHEME, FALLBACK_KIND, DraftSpec, DraftSpecError, DrafterKind
+from specdec.draft_registry import forms, register_kind
+
+#: drafters that do not inherit the verifier's storage grid, suggested next to a grid-bound one
+GRID_FREE_DRAFTERS = "eagle, self:int8 or prompt-lookup"
+#: what a composite drafter does before its inner drafter, in its description
+_LOOKUP_FIRST = "prompt lookup where the text repeats, else "
+
+
+# --- self:SCHEME ----------------------------------------------------------------------------------------
+
+
+def _scheme(text: str, arg: str | None) -> dict[str, Any]:
+    if not arg:
+        raise DraftSpecError(f"drafter {text!r} needs a quantization scheme after ':', e.g. {text.partition(':')[0]}:int8")
+    return {"scheme": arg}
+
+
+def _build_self(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.model import ModelDrafter
+    from specdec.quant import quantize
+
+    return ModelDrafter(quantize(verifier, spec.scheme), reuse_verifier_prompt=True)
+
+
+def _describe_self(spec: DraftSpec, verifier: Any, before: str = "") -> dict[str, Any]:
+    from specdec.quant import weight_error
+
+    err = weight_error(verifier, spec.scheme)
+    head = "" if err.head_weight_error is None else f", LM head {100 * err.head_weight_error:.2f}%"
+    if err.grid_bound:
+        note = ("its weights coincide with the verifier's storage grid (the verifier's weights already lie on "
+                f"this scheme's grid), so acceptance is near-perfect and not representative of a bf16 model; "
+                f"for a grid-free drafter try --draft {GRID_FREE_DRAFTERS}")
+    else:
+        note = "acceptance reflects how far quantization moves the verifier's weights (and the drafter's bf16 activations)"
+    return {"weight_error": err.weight_error, "head_weight_error": err.head_weight_error, "grid_bound": err.grid_bound,
+            "description": (f"{spec.text}: {before}a quantized copy of the verifier ({err.scheme}); relative weight "
+                            f"error against the verifier {100 * err.weight_error:.2f}% over {err.layers} linear "
+                            f"layers{head}"),
+            "note": note}
+
+
+def _check_scheme(spec: DraftSpec) -> None:
+    from specdec.quant import UnknownSchemeError, parse_scheme
+
+    try:
+        parse_scheme(spec.scheme)
+    except UnknownSchemeError as e:
+        raise DraftSpecError(f"{spec.text}: {e}") from None
+
+
+register_kind(DrafterKind("self", "self:SCHEME (e.g. self:int8)", _build_self, parse=_scheme, describe=_describe_self,
+                          check=_check_scheme, hf_assistant=True), builtin=True)
+
+
+# --- prompt-lookup --------------------------------------------------------------------------------------
+
+
+def _build_prompt_lookup(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.prompt_lookup import PromptLookupDrafter
+
+    return PromptLookupDrafter()
+
+
+register_kind(DrafterKind(
+    "prompt-lookup", "prompt-lookup", _build_prompt_lookup,
+    parse=lambda text, arg: {} if arg is None else None,  # "prompt-lookup:X" is a path, as it always was
+    describe=lambda spec, verifier: {
+        "description": "prompt-lookup: copies n-grams from the prompt and the output so far (no model)",
+        "note": "acceptance is high where the output repeats its context (code edits, summaries, quotes), low elsewhere"},
+), builtin=True)
+
+
+# --- composite[:SCHEME], composite:eagle[:DIR] ----------------------------------------------------------
+
+
+def _composite(text: str, arg: str | None) -> dict[str, Any]:
+    if arg is None:
+        return {"scheme": COMPOSITE_DEFAULT_SCHEME}
+    inner, _, head = arg.partition(":")
+    if inner != "eagle":
+        return _scheme(text, arg)
+    if arg != "eagle" and not head.strip():
+        raise DraftSpecError(f"drafter {text!r} needs a head directory after 'eagle:', e.g. composite:eagle:./my-head")
+    return {"head": head.strip() or None, "inner": "eagle"}
+
+
+def _build_composite(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.composite import CompositeDrafter
+
+    inner = _build_eagle if spec.inner == "eagle" else _build_self
+    return CompositeDrafter(inner(spec, verifier, verifier_tokenizer, draft_tokenizer))
+
+
+register_kind(DrafterKind(
+    "composite", "composite[:SCHEME], composite:eagle[:DIR]", _build_composite, parse=_composite,
+    describe=lambda spec, verifier: (_describe_eagle if spec.inner == "eagle" else _describe_self)(
+        spec, verifier, _LOOKUP_FIRST),
+    check=lambda spec: _check_head(spec) if spec.inner == "eagle" else _check_scheme(spec),
+), builtin=True)
+
+
+# --- layer-skip:N ---------------------------------------------------------------------------------------
+
+
+def _layers(text: str, arg: str | None) -> dict[str, Any]:
+    if not (arg or "").isdigit() or int(arg) < 1:
+        raise DraftSpecError(f"drafter {text!r}: layer-skip needs a layer count >= 1, e.g. layer-skip:8")
+    return {"layers": int(arg)}
+
+
+def _build_layer_skip(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.layer_skip import LayerSkipDrafter
+
+    return LayerSkipDrafter(verifier, spec.layers)
+
+
+register_kind(DrafterKind(
+    "layer-skip", "layer-skip:N", _build_layer_skip, parse=_layers,
+    describe=lambda spec, verifier: {
+        "description": f"{spec.text}: the verifier's first {spec.layers} layers and its LM head (no extra weights)",
+        "note": "acceptance falls as fewer layers are kept"},
+), builtin=True)
+
+# --- eagle[:DIR] ----------------------------------------------------------------------------------------
+
+
+def _head(text: str, arg: str | None) -> dict[str, Any]:
+    if arg is not None and not arg.strip():
+        raise DraftSpecError(f"drafter {text!r} needs a head directory after ':', e.g. eagle:./my-head")
+    return {"head": (arg or "").strip() or None}
+
+
+def _build_eagle(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.heads.shipped import shipped_head
+
+    return EagleDrafter.from_pretrained(spec.head or shipped_head(verifier), verifier)
+
+
+def _describe_eagle(spec: DraftSpec, verifier: Any, before: str = "") -> dict[str, Any]:
+    where = spec.head or "the head shipped for this model"
+    return {"description": (f"{spec.text}: {before}a trained draft head (EAGLE style) from {where}, reading the "
+                            "verifier's hidden states"),
+            "note": "grid-free: acceptance comes from training on the verifier's own outputs, as it would for a bf16 model",
+            "grid_bound": False}
+
+
+def _check_head(spec: DraftSpec) -> None:
+    if spec.head is not None and not os.path.isdir(spec.head):
+        raise DraftSpecError(f"{spec.text}: draft head directory {spec.head!r} does not exist")
+
+
+register_kind(DrafterKind("eagle", "eagle[:DIR]", _build_eagle, parse=_head, describe=_describe_eagle, check=_check_head),
+              builtin=True)
+
+
+# --- a local model directory / .gguf file (every other name) ---------------------------------------------
+
+
+def _build_path(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.model import from_module
+    from specdec.models import load_model
+
+    model, tok = load_model(spec.text, dtype=verifier.dtype, device=verifier.device)
+    return from_module(model, verifier, verifier_tokenizer, draft_tokenizer or tok)
+
+
+def _check_path(spec: DraftSpec) -> None:
+    from specdec.models import DEFAULT_ALIASES, ModelNotFoundError, resolve_model_source
+
+    if spec.text in DEFAULT_ALIASES:
+        return
+    try:
+        resolve_model_source(spec.text)
+    except ModelNotFoundError:
+        raise DraftSpecError(f"{spec.text!r} is not a drafter: use {forms()}") from None
+
+
+register_kind(DrafterKind(
+    FALLBACK_KIND, "a local model directory / .gguf file", _build_path, check=_check_path, hf_assistant=True,
+    describe=lambda spec, verifier: {
+        "description": f"{spec.text}: a separate draft model",
+        "note": "acceptance depends on how closely that model's next-token choices match the verifier's"},
+), builtin=True)

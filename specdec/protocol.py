@@ -1,0 +1,194 @@
+"""The speculative loop's vocabulary: what the engine, the drafters, verification and trees exchange.
+
+- :class:`Rows`: the committed rows of the active batch; :class:`DraftContext`: what a drafter may use to draft;
+- :class:`Drafts`: what a drafter proposes, a chain (:class:`Proposal`) or a tree (``specdec.trees.DraftTree``);
+- :class:`Commit`: what one verify pass committed, as the drafter is told;
+- :class:`DraftPlan`: how a call drafts (chains of a fixed or adaptive ``k``: ``specdec.draft_length.ChainPlan``;
+  trees: ``specdec.trees.plan.TreePlan``). The engine asks the plan for each pass's proposal and tells it the
+  outcome; it never asks which kind of plan or proposal it holds.
+
+Imports nothing of specdec's but the processors: drafters, trees and verification import this, never the reverse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol
+
+import torch
+
+from specdec.processing import RowContext, RowProcessors
+from specdec.slots import cache_slots, pass_widths
+
+
+class Drafts:
+    """What a drafter proposes for one verify pass: ``tokens [B, N]`` and, when sampled, ``probs``."""
+
+    tokens: torch.LongTensor
+    probs: torch.Tensor | None
+    values: torch.Tensor | None = None  # trees: per node, the drafter's estimate that it is accepted (sizing)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def scored(self) -> list[tuple[int, int]]:
+        """Per row: (drafts the verifier scores, positions they span)."""
+        raise NotImplementedError
+
+
+@dataclass
+class Proposal(Drafts):
+    """``k`` proposed tokens per row and, when sampling, the processed probabilities they were drawn from.
+
+    ``probs`` is ``[batch, k, vocab]`` or ``None``; ``None`` means a deterministic drafter, which the
+    acceptance rule treats as one-hot ``q``.
+    """
+
+    tokens: torch.LongTensor
+    probs: torch.Tensor | None = None
+
+    def scored(self) -> list[tuple[int, int]]:
+        """A chain's ``k`` drafts at ``k`` positions, every row."""
+        return [(self.num_tokens, self.num_tokens)] * self.tokens.shape[0]
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may use to draft: the processors and the sampling mode of this call.
+
+    ``processors`` apply per row (:meth:`RowProcessors.apply` with ``(row owner, context)`` pairs, see
+    :meth:`Rows.contexts`); a plain ``LogitsProcessorList`` (or ``None``) is taken as the same list for every row.
+    """
+
+    processors: RowProcessors
+    do_sample: bool
+    generator: torch.Generator | None = None
+    vocab_size: int | None = None  # the verifier's vocabulary: never propose ids at or beyond it
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.processors, RowProcessors):
+            self.processors = RowProcessors(self.processors)
+
+
+class Rows:
+    """The committed rows of the active batch: ``tokens [B, width]`` and ``lengths [B]``.
+
+    Row ``b`` is ``tokens[b, :lengths[b]]`` in transformers' layout: the left padding of its prompt,
+    then its real tokens. Indexing and iterating give those 1-D views, so a drafter can treat the
+    batch as a list of rows of different lengths. ``owners[b]``: row ``b``'s index in the batch the
+    call was given (rows that finish leave the active batch), which picks its logits processors.
+    """
+
+    def __init__(self, tokens: torch.LongTensor, lengths: torch.LongTensor, owners: list[int] | None = None) -> None:
+        self.tokens, self.lengths = tokens, lengths
+        self._lengths = lengths.tolist()  # host copy: slicing with it costs no device sync
+        self.owners = list(range(len(self._lengths))) if owners is None else list(owners)
+
+    @classmethod
+    def from_list(cls, rows: list[torch.LongTensor]) -> "Rows":
+        """Pack 1-D rows (right-padded with zeros) into a :class:`Rows`."""
+        width = max(len(r) for r in rows)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long, device=rows[0].device)
+        for b, row in enumerate(rows):
+            tokens[b, : len(row)] = row
+        return cls(tokens, torch.tensor([len(r) for r in rows], dtype=torch.long, device="cpu"))
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def __getitem__(self, b: int) -> torch.LongTensor:
+        return self.tokens[b, : self._lengths[b]]
+
+    def __iter__(self) -> Iterator[torch.LongTensor]:
+        return (self[b] for b in range(len(self)))
+
+    def contexts(self) -> list[RowContext]:
+        """``(owner, row)`` per row: what :meth:`RowProcessors.apply` takes for the rows as they stand."""
+        return list(zip(self.owners, self))
+
+    def length(self, b: int) -> int:
+        """Length of row ``b`` (left padding included), without a device sync."""
+        return self._lengths[b]
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+
+@dataclass
+class Commit:
+    """What one verification pass committed, as the engine tells it to the drafter.
+
+    ``rows``: the committed rows after the pass. ``accepted[b]``: drafts of row ``b`` the verifier
+    accepted. ``added[b]``: tokens committed to row ``b`` (accepted drafts, then the verifier's own
+    token; fewer when a stop rule ended the row inside the block). ``hidden``: for drafters that asked
+    (:attr:`Drafter.hidden_layers`), the verifier's hidden states ``[B, n, H * len(layers)]`` at the
+    ``n`` positions it just verified (the previous newest token, then the drafts); entry ``j < added[b]``
+    of row ``b`` belongs to a committed token. ``path``: for tree drafts, the node index of each
+    accepted draft per row (``[B, depth]``, -1 past ``accepted[b]``); ``None`` for chains.
+    """
+
+    rows: Rows
+    accepted: torch.LongTensor
+    added: torch.LongTensor
+    hidden: torch.Tensor | None = None
+    path: torch.LongTensor | None = None
+
+
+class Proposer(Protocol):
+    """What a :class:`DraftPlan` asks of a drafter (:class:`specdec.drafters.Drafter` answers it)."""
+
+    supports_tree: bool
+
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Drafts: ...
+
+    def propose_tree(self, rows: Rows, shape: Any, ctx: DraftContext) -> Drafts: ...
+
+
+class DraftPlan:
+    """How one call drafts: what the engine asks before each pass and tells after it.
+
+    ``num_draft_tokens``: the call's ``k`` (the bound of an adaptive ``k``); :attr:`max_drafts` the most drafts
+    one pass scores, :attr:`extra_slots` the cache slots a pass may need past a chain's. Subclasses:
+    ``specdec.draft_length.ChainPlan`` and ``specdec.trees.plan.TreePlan``.
+    """
+
+    num_draft_tokens: int
+
+    @property
+    def max_drafts(self) -> int:
+        return self.num_draft_tokens
+
+    @property
+    def max_nodes(self) -> int | None:
+        """A tree's most nodes per pass; ``None`` for chains."""
+        return None
+
+    @property
+    def extra_slots(self) -> int:
+        return 0
+
+    def slots(self, batch: int, prompt: int, max_length: int) -> int:
+        """Cache slots per row of each managed cache for a call of this shape (:func:`specdec.slots.cache_slots`)."""
+        return cache_slots(batch, prompt, max_length, self.num_draft_tokens) + self.extra_slots
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """The token counts a compiled verify pass is padded to (:func:`specdec.slots.pass_widths`)."""
+        return pass_widths(self.num_draft_tokens, self.max_nodes)
+
+    def check(self, drafter: Proposer) -> None:
+        """Raise ``ValueError`` if ``drafter`` cannot draft what this plan asks for."""
+
+    def propose(self, drafter: Proposer, rows: Rows, room: int, ctx: DraftContext) -> Drafts:
+        """Ask ``drafter`` for one pass's drafts, at most ``room`` tokens deep."""
+        raise NotImplementedError
+
+    def update(self, drafts: Drafts, accepted: torch.Tensor, draft_seconds: float, verify_seconds: float,
+               drafter_forwards: int) -> None:
+        """Learn from one pass: ``accepted [B]`` drafts per row, its timings and the drafter's forwards."""
+
+    def to_dict(self) -> dict | None:
+        """``SpecStats.tree``: a tree's configuration (and what ``auto`` learnt); ``None`` for chains."""
+        return None
