@@ -504,12 +504,12 @@ def timed(drafter: Any, sink: list[tuple[float, int]]) -> Any:
 
 
 def random_eagle3(model: Any, draft_vocab: int = 32000, seed: int = 0) -> Any:
-    """An EAGLE-3 head for ``model`` initialised as specdec's trainer starts one (specdec.heads.train.init_head):
+    """An EAGLE-3 head for ``model`` initialised as specdec's trainer starts one (specdec.training.train.init_head):
     random decoder layer, the verifier's lm_head rows for a random draft vocabulary, fc passing the last block."""
     import torch
 
     from specdec.heads.config import HeadConfig
-    from specdec.heads.train import init_head
+    from specdec.training.train import init_head
 
     vocab = int(model.config.vocab_size)
     draft_vocab = min(draft_vocab, vocab)

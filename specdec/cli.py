@@ -281,9 +281,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                   "cost and agreement of quantized drafter schemes", command)
     _add_optional(sub, "eval", "specdec.eval.__main__", "add_eval_arguments", "run_eval",
                   "speedup, acceptance and identity against transformers' baselines on a prompt set", command)
-    _add_optional(sub, "train-head", "specdec.heads.cli", "add_train_head_arguments", "run_train_head",
+    _add_optional(sub, "train-head", "specdec.training.cli", "add_train_head_arguments", "run_train_head",
                   "train an EAGLE-style draft head for a model (self-distillation; resumable)", command)
-    _add_optional(sub, "head-report", "specdec.heads.report_cli", "add_head_report_arguments", "run_head_report",
+    _add_optional(sub, "head-report", "specdec.training.report_cli", "add_head_report_arguments", "run_head_report",
                   "a draft head's teacher-forced top-1, coverage and online acceptance on verifier responses", command)
     return parser
 

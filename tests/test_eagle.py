@@ -15,7 +15,7 @@ from specdec.drafters import DraftSpecError, parse_draft
 from specdec.drafters.base import DraftContext, Rows
 from specdec.drafters.eagle import EagleDrafter
 from specdec.heads import EagleHead, HeadConfig, HeadLoadError, load_head, save_head
-from specdec.heads.train import TrainingKeyValues
+from specdec.training.train import TrainingKeyValues
 from tiny_models import CONFIGS, make_model
 
 H, I, HEADS, KV, V = 64, 128, 4, 2, 96  # the tiny llama of tiny_models
@@ -311,9 +311,9 @@ def _self_distilled(model, count: int, prompt_len: int = 6, new: int = 40, seed:
 
 
 def test_training_lowers_the_loss_raises_acceptance_and_resumes(tmp_path):
-    from specdec.heads.features import FeatureSet, extract_features
-    from specdec.heads.pipeline import heldout_acceptance
-    from specdec.heads.train import TrainConfig, init_head, train_head
+    from specdec.training.features import FeatureSet, extract_features
+    from specdec.training.pipeline import heldout_acceptance
+    from specdec.training.train import TrainConfig, init_head, train_head
 
     model = make_model("llama")
     samples = _self_distilled(model, 24)

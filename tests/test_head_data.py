@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.heads.distill import SAMPLE_TEMPERATURES, sampled_share
-from specdec.heads.pipeline import data_writer
-from specdec.heads.self_instruct import TASKS, build_prompt, dedupe, normalise, self_instruct_requests
+from specdec.training.distill import SAMPLE_TEMPERATURES, sampled_share
+from specdec.training.pipeline import data_writer
+from specdec.training.self_instruct import TASKS, build_prompt, dedupe, normalise, self_instruct_requests
 from tiny_models import char_tokenizer, make_model
 
 
@@ -98,7 +98,7 @@ def test_feature_set_reads_memory_mapped_shards_exactly(tmp_path):
     and each sample reads back exactly what was written."""
     from safetensors.torch import load_file
 
-    from specdec.heads.features import FeatureSet, extract_features
+    from specdec.training.features import FeatureSet, extract_features
 
     model = make_model("llama")
     gen = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import torch
 
 from specdec.cli import main
 from specdec.heads import load_head, shipped_head
-from specdec.heads.report import first_draft_agreement, head_report
+from specdec.training.report import first_draft_agreement, head_report
 from test_eagle import _public_eagle3
 from tiny_models import VOCAB, make_model
 
@@ -42,7 +42,7 @@ def test_first_draft_is_teacher_forced_step0_tiny(tiny, tree, batch):
 
 def test_a_head_that_disagrees_is_caught(tiny):
     """Negative control: a recorder whose drafts are shifted by one position must show mismatches."""
-    from specdec.heads import report
+    from specdec.training import report
 
     model, head = tiny
     run = report.online_run(model, head, _prompts([6, 9]), new_tokens=24)

@@ -86,8 +86,8 @@ def test_train_head_pipeline_end_to_end_with_the_real_tokenizer(smollm2, tmp_pat
     a rerun resumes every stage instead of redoing it."""
     import transformers as tf
 
-    from specdec.heads.pipeline import PipelineConfig, run_pipeline
-    from specdec.heads.train import TrainConfig
+    from specdec.training.pipeline import PipelineConfig, run_pipeline
+    from specdec.training.train import TrainConfig
 
     _, tokenizer = smollm2
     torch.manual_seed(0)

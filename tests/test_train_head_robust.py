@@ -75,8 +75,8 @@ def test_pipeline_resumes_on_the_same_model_object(tiny, tmp_path):
     call's speculative evaluation) resumes; another model of the same shapes is refused."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from specdec.heads.pipeline import PipelineConfig, ResumeError, run_pipeline
-    from specdec.heads.train import TrainConfig
+    from specdec.training.pipeline import PipelineConfig, ResumeError, run_pipeline
+    from specdec.training.train import TrainConfig
 
     model, tok = AutoModelForCausalLM.from_pretrained(tiny / "m0").eval(), AutoTokenizer.from_pretrained(tiny / "m0")
     config = PipelineConfig(per_group=None, self_prompts=0, max_new_tokens=4, gen_batch=4, heldout=0.25, eval_prompts=1,
@@ -146,8 +146,8 @@ def test_a_checkpoint_interrupted_mid_write_leaves_no_step_directory(tmp_path, m
     from accelerate import Accelerator
 
     from specdec.heads.config import HeadConfig
-    from specdec.heads.features import FeatureSet, extract_features
-    from specdec.heads.train import TrainConfig, train_head
+    from specdec.training.features import FeatureSet, extract_features
+    from specdec.training.train import TrainConfig, train_head
 
     model = make_model("llama")
     g = torch.Generator().manual_seed(0)
@@ -178,7 +178,7 @@ def test_second_run_into_a_locked_out_is_refused_at_once(tiny, tmp_path, capsys,
     monkeypatch.setattr(specdec.models, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     out = tmp_path / "head"
     out.mkdir()
-    with open(out / ".train-head.lock", "w") as held:  # another run holds it (specdec.heads.pipeline.LOCK_FILE)
+    with open(out / ".train-head.lock", "w") as held:  # another run holds it (specdec.training.pipeline.LOCK_FILE)
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert _train(tiny, out) == 2
     line = _one_line_error(capsys)
@@ -203,7 +203,7 @@ def test_half_written_and_doubled_work_files_are_repaired(tiny, finished, tmp_pa
 
 def test_pipeline_writes_no_half_files(tiny, finished, tmp_path, monkeypatch):
     """An interrupted save of the final head leaves the earlier head whole (every file replaced at once)."""
-    import specdec.heads.pipeline as pipeline
+    import specdec.training.pipeline as pipeline
 
     out = _copy(finished, tmp_path)
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}

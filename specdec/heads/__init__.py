@@ -1,4 +1,5 @@
-"""Trained draft heads (EAGLE-1/2 and EAGLE-3 layouts): modules, checkpoints, shipped heads and training."""
+"""Trained draft heads (EAGLE-1/2 and EAGLE-3 layouts), the leaf drafters load: configs, modules, checkpoints and
+shipped heads. Training and reports on heads live above the API, in :mod:`specdec.training`."""
 
 from specdec.heads.checkpoint import HeadLoadError, load_head, save_head
 from specdec.heads.config import HeadConfig, default_aux_layers

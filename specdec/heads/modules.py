@@ -2,7 +2,7 @@
 
 One code path serves inference and training: :meth:`EagleHead.forward` takes token embeddings, features
 and positions and attends over keys given by :class:`HeadCache` (inference, per-row lengths) or by the
-training-time-test layout of :mod:`specdec.heads.train`.
+training-time-test layout of :mod:`specdec.training.train`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from specdec.heads.prompts import TrainHeadError, write_atomic
+from specdec.training.prompts import TrainHeadError, write_atomic
 
 FEATURE_DTYPE = torch.bfloat16  # range of fp32 (hidden states have outliers), half the bytes
 
@@ -40,7 +40,7 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
     """Run the verifier over prompt + response of every sample and write the features it reads.
 
     Existing shards are kept (resume), provided ``index.json`` says they were made from the same samples
-    and layers; otherwise a one-line :class:`~specdec.heads.prompts.TrainHeadError`. An index that cannot be
+    and layers; otherwise a one-line :class:`~specdec.training.prompts.TrainHeadError`. An index that cannot be
     read says nothing about its shards: they are computed again.
     """
     from safetensors.torch import save_file

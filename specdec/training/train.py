@@ -1,4 +1,4 @@
-"""Training a draft head on cached verifier features (:mod:`specdec.heads.features`).
+"""Training a draft head on cached verifier features (:mod:`specdec.training.features`).
 
 EAGLE-3 heads learn with training-time test: step 0 reads the verifier's features, each later step
 reads the head's own previous output (as it will when drafting), attending to the true-feature slots of
@@ -30,8 +30,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from specdec.heads.config import HeadConfig
-from specdec.heads.features import FeatureSet
 from specdec.heads.modules import EagleHead, KeyValues
+from specdec.training.features import FeatureSet
 
 
 @dataclass

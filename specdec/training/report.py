@@ -14,11 +14,11 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.protocol import DraftContext, Proposal, Rows
 from specdec.drafters.eagle import EagleDrafter
-from specdec.heads.features import verifier_features
 from specdec.heads.modules import EagleHead
-from specdec.heads.train import head_loss, teacher_forced_summary, ttt_outputs
+from specdec.protocol import DraftContext, Proposal, Rows
+from specdec.training.features import verifier_features
+from specdec.training.train import head_loss, teacher_forced_summary, ttt_outputs
 
 #: a teacher-forced logit this close to the best counts as a float near-tie, not a disagreement
 NEAR_TIE = 1e-3
@@ -26,7 +26,7 @@ NEAR_TIE = 1e-3
 
 def verifier_batch(verifier: Any, layers: Sequence[int], prompt_ids: Sequence[int], response_ids: Sequence[int]
                    ) -> dict[str, torch.Tensor]:
-    """One response as a training batch (:func:`~specdec.heads.train.collate`'s keys), its features from the
+    """One response as a training batch (:func:`~specdec.training.train.collate`'s keys), its features from the
     verifier now (in its own dtype, not the bf16 a feature cache stores)."""
     device = next(verifier.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(response_ids)], dtype=torch.long, device=device)
@@ -89,7 +89,7 @@ def online_run(verifier: Any, head: EagleHead, prompts: list[list[int]], *, new_
     """The greedy speculative loop with ``head`` over ``prompts`` (one call each, or one left-padded batch with
     ``new_tokens`` an int): ``outputs`` (prompt + generated ids per prompt), ``first`` (per pass: prompt index,
     real tokens committed, first draft), ``stats`` (each call's :class:`~specdec.stats.SpecStats`), ``drafter``."""
-    from specdec.api import SpeculativeModel  # the API sits above heads: a report is an application of it
+    from specdec.api import SpeculativeModel  # training sits above the API: a report is an application of it
 
     record = FirstDrafts()
     drafter = RecordingEagle(head, verifier, record)

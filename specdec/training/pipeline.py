@@ -30,14 +30,14 @@ from typing import Any, Iterator
 
 import torch
 
-from specdec.heads.card import model_card
 from specdec.heads.checkpoint import save_head
 from specdec.heads.config import HeadConfig
-from specdec.heads.distill import distill, write_self_prompts
-from specdec.heads.features import FeatureSet, extract_features
-from specdec.heads.prompts import TrainHeadError, TrainPrompt, balance, read_train_prompts, write_atomic
 from specdec.heads.shipped import fingerprint
-from specdec.heads.train import TrainConfig, train_head
+from specdec.training.card import model_card
+from specdec.training.distill import distill, write_self_prompts
+from specdec.training.features import FeatureSet, extract_features
+from specdec.training.prompts import TrainHeadError, TrainPrompt, balance, read_train_prompts, write_atomic
+from specdec.training.train import TrainConfig, train_head
 
 __all__ = ["LOCK_FILE", "SETTINGS_FILE", "PipelineConfig", "ResumeError", "OutLockedError", "TrainHeadError",
            "check_settings", "clear_out", "heldout_acceptance", "lock_out", "run_pipeline", "stage_settings",
@@ -63,7 +63,7 @@ class OutLockedError(TrainHeadError):
 
 @dataclass
 class PipelineConfig:
-    """What ``train-head`` does besides training (see :class:`~specdec.heads.train.TrainConfig`)."""
+    """What ``train-head`` does besides training (see :class:`~specdec.training.train.TrainConfig`)."""
 
     per_group: int | None = 350  # prompts per group of the data (balance)
     self_prompts: int = 250  # prompts the verifier writes itself

@@ -94,10 +94,10 @@ def run_train_head(args: argparse.Namespace) -> int:
     the pipeline under the lock of ``--out``."""
     import torch
 
-    from specdec.heads.pipeline import PipelineConfig, check_settings, lock_out, run_pipeline, stage_settings
-    from specdec.heads.prompts import TrainHeadError, balance, read_train_prompts
-    from specdec.heads.train import TrainConfig
     from specdec.models import ModelNotFoundError, resolve_model_source
+    from specdec.training.pipeline import PipelineConfig, check_settings, lock_out, run_pipeline, stage_settings
+    from specdec.training.prompts import TrainHeadError, balance, read_train_prompts
+    from specdec.training.train import TrainConfig
 
     out = Path(args.out).expanduser()
     problem = _check_numbers(args) or _check_out(out)

@@ -80,9 +80,9 @@ def run_head_report(args: argparse.Namespace) -> int:
     import torch
 
     from specdec.heads.checkpoint import HeadLoadError, load_head
-    from specdec.heads.report import head_report
     from specdec.heads.shipped import shipped_head
     from specdec.models import ModelNotFoundError, load_model
+    from specdec.training.report import head_report
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

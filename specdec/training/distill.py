@@ -16,9 +16,9 @@ from typing import Any, Callable, Iterable
 import torch
 from tqdm.auto import tqdm
 
-from specdec.heads.prompts import TrainHeadError, TrainPrompt, write_atomic
-from specdec.heads.self_instruct import LICENSE, SOURCE, build_prompt, normalise, self_instruct_requests
 from specdec.prompts import encode_prompt
+from specdec.training.prompts import TrainHeadError, TrainPrompt, write_atomic
+from specdec.training.self_instruct import LICENSE, SOURCE, build_prompt, normalise, self_instruct_requests
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -138,7 +138,7 @@ def write_self_prompts(model: Any, tokenizer: Any, count: int, out: Path, *, see
                        max_new_tokens: int = 160, avoid: Iterable[str] = (), progress: bool = True) -> list[TrainPrompt]:
     """``count`` requests to the verifier for prompts of every Spec-Bench task type (articles to summarise, text
     to translate either way, passages to answer questions about, word problems, programming tasks, text to
-    extract from, instructions, chat; :mod:`specdec.heads.self_instruct`), sampled at temperature 0.8;
+    extract from, instructions, chat; :mod:`specdec.training.self_instruct`), sampled at temperature 0.8;
     resumable. A prompt that comes out like an earlier one, or like one in ``avoid``, is dropped."""
     requests = self_instruct_requests(count, seed)
     by_id = {r["id"]: r for r in requests}
