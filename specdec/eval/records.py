@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from specdec import metrics
 from specdec.eval.methods import HF, MethodSpec
 from specdec.prompts import Prompt
 
@@ -166,7 +167,7 @@ def make_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: "M
         "prompt_id": prompt.id, "prompt_index": index, "group": prompt.group, "prompt_sha256": prompt_hash(prompt.text),
         "method": method.name, "kind": method.kind, "draft": method.draft, "k": method.k,
         "order": slot, "rank": rank, "prompt_tokens": prompt_tokens, "new_tokens": new,
-        "seconds": m.seconds, "tokens_per_s": new / m.seconds if m.seconds > 0 else 0.0,
+        "seconds": m.seconds, "tokens_per_s": metrics.throughput(new, m.seconds),
         "time_to_first_token": m.time_to_first_token, "time_per_output_token": m.time_per_output_token,
         "proposed": None, "accepted": None, "acceptance_rate": None, "proposed_per_position": m.proposed_per_position,
         "accepted_per_position": m.accepted_per_position, "acceptance_by_position": None,
@@ -177,13 +178,14 @@ def make_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: "M
     if m.proposed_per_position is not None:
         accepted = sum(m.accepted_per_position or [])
         proposed = m.proposed if m.proposed is not None else sum(m.proposed_per_position)
-        rec.update(proposed=proposed, accepted=accepted, acceptance_rate=accepted / proposed if proposed else 0.0,
-                   acceptance_by_position=[a / p if p else 0.0 for a, p in
-                                           zip(m.accepted_per_position or [], m.proposed_per_position)])
+        rec.update(proposed=proposed, accepted=accepted, acceptance_rate=metrics.acceptance_rate(accepted, proposed),
+                   acceptance_by_position=metrics.acceptance_by_position(m.accepted_per_position or [],
+                                                                         m.proposed_per_position))
     if m.verifier_passes:
-        rec["mean_accepted_length"] = m.committed_tokens / m.verifier_passes
+        rec["mean_accepted_length"] = metrics.mean_accepted_length(m.committed_tokens, m.verifier_passes)
         if rec["proposed"] is not None:  # the k actually drafted per pass (below k where adaptive k drafts less)
-            rec["mean_draft_length"] = rec["mean_tree_tokens"] = rec["proposed"] / m.verifier_passes
+            rec["mean_draft_length"] = rec["mean_tree_tokens"] = metrics.mean_draft_length(rec["proposed"],
+                                                                                           m.verifier_passes)
     if m.compiled_graphs is not None:
         rec["compiled_graphs"] = m.compiled_graphs
     if greedy and method.kind != HF and reference is not None:

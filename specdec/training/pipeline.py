@@ -30,6 +30,7 @@ from typing import Any, Iterator
 
 import torch
 
+from specdec import metrics
 from specdec.heads.checkpoint import save_head
 from specdec.heads.config import HeadConfig
 from specdec.heads.shipped import fingerprint
@@ -418,4 +419,4 @@ def heldout_acceptance(model: Any, head: Any, samples: list[dict[str, Any]], k: 
         stats = spec.last_stats
         proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
         committed += stats.committed_per_step
-    return accepted / max(proposed, 1), sum(committed) / max(len(committed), 1)
+    return metrics.acceptance_rate(accepted, proposed), metrics.mean_accepted_length(committed, len(committed))

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
+from specdec import metrics
 from specdec.drafters.eagle import EagleDrafter
 from specdec.heads.modules import EagleHead
 from specdec.protocol import DraftContext, Proposal, Rows
@@ -184,22 +185,18 @@ def head_report(verifier: Any, head: EagleHead, samples: list[dict[str, Any]], *
                       steps)[1] for s in samples)
     run = online_run(verifier, head, [list(s["prompt_ids"]) for s in samples], k=k, tree=tree,
                      new_tokens=[max(2, len(s["response_ids"])) for s in samples])
-    proposed, accepted, committed = [], [], []
-    for stats in run["stats"]:
-        for total, part in ((proposed, stats.proposed_per_position), (accepted, stats.accepted_per_position)):
-            total.extend([0] * (len(part) - len(total)))
-            for i, n in enumerate(part):
-                total[i] += n
-        committed += stats.committed_per_step
+    accepted, proposed = metrics.pool_positions([s.accepted_per_position for s in run["stats"]],
+                                                 [s.proposed_per_position for s in run["stats"]])
+    committed = [n for stats in run["stats"] for n in stats.committed_per_step]
     reached = [proposed[0] if proposed else 0] + accepted[:-1]
     first = compare_first_drafts(verifier, head, run)
-    ratio = lambda a, b: round(a / b, 4) if b else 0.0  # noqa: E731
+    ratio = lambda a, b: round(metrics.ratio(a, b), 4)  # noqa: E731
     return {
         "teacher_forced": forced["top1"], "teacher_forced_in_vocab": forced["top1_in_vocab"],
         "coverage": forced["coverage"],
         "online_by_position": [ratio(a, r) for a, r in zip(accepted, reached)],
-        "online_acceptance_by_position": [ratio(a, p) for a, p in zip(accepted, proposed)],
-        "mean_accepted_length": ratio(sum(committed), len(committed)),
+        "online_acceptance_by_position": [round(x, 4) for x in metrics.acceptance_by_position(accepted, proposed)],
+        "mean_accepted_length": round(metrics.mean_accepted_length(committed, len(committed)), 4),
         "first_draft": {"passes": first["passes"], "equal_to_teacher_forced": first["equal"],
                         "near_ties": first["near_ties"], "mismatches": len(first["mismatches"]),
                         "accepted_at_pass_starts": round(first["correct_at_pass_starts"], 4),
