@@ -65,7 +65,7 @@ class SpeculativeModel:
         compile_drafter: run the drafter's model through ``torch.compile`` (inductor). On a CPU it
             cuts a small drafter's step by about a third; the first calls pay the compilation
             (about a minute per input shape, cached on disk for later processes). Output is
-            unaffected: the verifier is never compiled.
+            unaffected: the verifier decides every token (see ``compile_verifier`` for the verifier's own passes).
         tree: verify a tree of drafts per pass instead of a chain (:mod:`specdec.trees`): ``"static"``, a
             list of paths of top-k ranks, ``"dynamic"`` (EAGLE-2), a dict of :class:`~specdec.trees.TreeConfig`
             fields, or ``"auto"`` (sized per pass from the verifier's measured cost against tokens per pass and
