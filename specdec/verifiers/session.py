@@ -114,7 +114,7 @@ class CacheSession:
     def _forward_static(self, tokens: torch.Tensor, valid: torch.Tensor | None, position_ids: torch.Tensor | None,
                         tree_mask: torch.Tensor | None, hidden_layers: tuple[int, ...]) -> "StepOutput":
         """:meth:`forward` as a static pass: padded to the next width, over the whole buffer, every buffer row."""
-        rows, n = tokens.shape
+        n = tokens.shape[1]
         width = self.static.width(n, self.widths)
         start = self.length
         if start + width > self.cache.max_cache_len and self._has_holes():
