@@ -80,7 +80,7 @@ class SpeculativeModel:
         compile_verifier: run every verify pass after the prefill through ``torch.compile`` over a static cache
             (``mode="reduce-overhead"``, CUDA graphs, on CUDA; inductor's default elsewhere): passes padded to a few
             fixed widths, the whole cache buffer under a mask, finished rows kept as masked dummies, so a call meets
-            a handful of shapes. The first call of each shape compiles (:meth:`prime` does it up front); the cache
+            a handful of shapes. The first call of each shape compiles (:meth:`prime_verifier` does it up front); the cache
             buffers are pooled between calls (one per batch size and length in use, as transformers' static cache).
             Greedy output stays ``model.generate``'s up to float near-ties (compiled kernels round differently).
             A dict is passed to ``torch.compile`` (``{"mode": "max-autotune"}``, ``{"backend": "eager"}``).

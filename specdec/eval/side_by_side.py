@@ -163,16 +163,14 @@ def compare(
     prompts = list(prompts)
     result = Comparison(num_draft_tokens=spec.num_draft_tokens, draft=str(getattr(spec, "draft_name", "")))
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    encoded = [encode_prompt(tokenizer, item["prompt"], chat) for item in prompts]
     if spec.compile_verifier and prompts:  # every verify-pass graph compiled now, never inside a timed call
-        lengths = [encode_prompt(tokenizer, item["prompt"], chat).shape[1] for item in prompts]
         result.compile_verifier = True
-        result.verifier_compile_seconds = spec.prime_verifier(max_new_tokens, lengths)
+        result.verifier_compile_seconds = spec.prime_verifier(max_new_tokens, [ids.shape[1] for ids in encoded])
     if warmup and prompts:
-        ids = encode_prompt(tokenizer, prompts[0]["prompt"], chat)
-        model.generate(ids, **{**kwargs, "max_new_tokens": 4})
-        spec.generate(ids, **{**kwargs, "max_new_tokens": 4})
-    for i, item in enumerate(prompts):
-        ids = encode_prompt(tokenizer, item["prompt"], chat)
+        model.generate(encoded[0], **{**kwargs, "max_new_tokens": 4})
+        spec.generate(encoded[0], **{**kwargs, "max_new_tokens": 4})
+    for i, (item, ids) in enumerate(zip(prompts, encoded)):
         runs = {
             "plain": lambda: model.generate(ids, **kwargs),
             "spec": lambda: spec.generate(ids, **kwargs),

@@ -51,7 +51,7 @@ class ManagedLayer(CacheLayerMixin):
         shape_v = (batch, value_states.shape[1], self.max_cache_len, value_states.shape[-1])
         # torch.empty: slots past `length` are never read, so there is nothing to zero; static passes read the
         # whole buffer under a mask, and a masked NaN still poisons attention (NaN * 0), so theirs start at zero.
-        alloc = torch.zeros if self.write_at is not None or self.zero_init else torch.empty
+        alloc = torch.zeros if self.zero_init else torch.empty
         self.keys = alloc(shape_k, dtype=self.dtype, device=self.device)
         self.values = alloc(shape_v, dtype=value_states.dtype, device=self.device)
         self.is_initialized = True

@@ -79,7 +79,7 @@ class CacheSession:
         query still sees the row's valid slots before those. ``hidden_layers``: indices
         into transformers' ``output_hidden_states`` to return, concatenated (see :class:`StepOutput`).
         """
-        if self.static is not None and self.cache.layers[0].write_at is not None:
+        if self._static_now:
             return self._forward_static(tokens, valid, position_ids, tree_mask, tuple(hidden_layers))
         start, n = self.length, tokens.shape[1]
         if (self.runner.sliding or start + n > self.cache.max_cache_len) and self._has_holes():
@@ -110,6 +110,11 @@ class CacheSession:
         if self.static is not None:  # the prefill ran: static passes from now on
             self.static.activate(self.cache)
         return out
+
+    @property
+    def _static_now(self) -> bool:
+        """Whether passes are static: a static session after its (eager) prefill."""
+        return self.static is not None and self.cache.layers[0].write_at is not None
 
     def _forward_static(self, tokens: torch.Tensor, valid: torch.Tensor | None, position_ids: torch.Tensor | None,
                         tree_mask: torch.Tensor | None, hidden_layers: tuple[int, ...]) -> "StepOutput":
@@ -253,7 +258,7 @@ class CacheSession:
         """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute; a static session
         keeps their buffers as masked dummies, so its passes keep their shape)."""
         rows = rows.to(self.valid.device)
-        if self.static is not None and self.cache.layers[0].write_at is not None:
+        if self._static_now:
             self.live, self.valid, self.counts = self.live[rows], self.valid[rows], self.counts[rows]
             return self._trim()
         with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
