@@ -54,13 +54,22 @@ class TrainConfig:
 
 
 def draft_vocabulary(features: FeatureSet, indices: list[int], size: int, vocab: int) -> tuple[torch.Tensor, float]:
-    """The ``size`` most frequent greedy targets of the training responses, sorted by id, and their coverage."""
+    """The draft vocabulary: the ``size`` most frequent greedy targets of the training responses, sorted by id, and
+    their coverage of those targets. When the responses hold fewer distinct tokens than ``size``, the other slots
+    go to the tokens of the training prompts (the verifier's greedy tokens there, then the prompt text), by
+    frequency: tokens a response may copy from its prompt that training happened not to see (measured on the
+    issue-24 data: held-out coverage 0.961 -> 0.968 at 16k slots)."""
     counts = torch.zeros(vocab, dtype=torch.long, device="cpu")
+    fill = torch.zeros(vocab, dtype=torch.long, device="cpu")
     for i in indices:
         s = features.small(i)
-        counts += torch.bincount(s["top"][s["prompt_length"] - 1:], minlength=vocab)[:vocab]
+        p = s["prompt_length"]
+        counts += torch.bincount(s["top"][p - 1:], minlength=vocab)[:vocab]
+        fill += torch.bincount(s["top"][: p - 1], minlength=vocab)[:vocab] + torch.bincount(s["input_ids"][:p], minlength=vocab)[:vocab]
     size = min(size, vocab)
-    keep = counts.topk(size).indices.sort().values
+    # response targets first; prompt tokens only order what the responses left at zero (and ties)
+    score = counts.double() + fill.double() / (float(fill.max()) + 1.0)
+    keep = score.topk(size).indices.sort().values
     return keep, float(counts[keep].sum() / counts.sum().clamp(min=1))
 
 

@@ -1,0 +1,135 @@
+"""Choosing the head's training recipe by measurement (issue 24): train variants on nested subsets of the
+verifier's responses and compare them on one fixed validation split they never train on.
+
+    python benchmarks/head_recipe.py --samples runs/head-v2/work/samples.jsonl --work runs/recipe \\
+        --budget 200000 --variant lr2e-3:lr=2e-3 --variant lr5e-4:lr=5e-4 --variant lr5e-4-noise:lr=5e-4,noise=0.2
+
+- The validation split is a fixed share of the *prompts* (by a hash of the prompt id, so a prompt's greedy and
+  sampled responses fall on the same side), capped at ``--val-samples``; it never depends on the budget.
+- The training subset of a budget is a prefix of one fixed order of the other samples, so smaller budgets are
+  subsets of larger ones (a learning curve compares data sizes, not draws).
+- Features are extracted once per budget (``WORK/features-BUDGET``) and every variant trains from them, each in
+  ``WORK/BUDGET/NAME`` (resumable: rerun the command). Results go to ``WORK/results.json`` (merged per variant):
+  the validation numbers of every epoch, the best epoch and the training time.
+
+Variant settings (``name:key=value,...``) are :class:`~specdec.training.train.TrainConfig` fields: lr, epochs,
+warmup, noise, ttt_steps, draft_vocab, batch_tokens, patience, mixed_precision, seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec.heads.config import HeadConfig
+from specdec.models import load_model
+from specdec.training.features import FeatureSet, extract_features
+from specdec.training.train import TrainConfig, train_head
+
+DEFAULTS = dict(epochs=6.0, warmup=30, ttt_steps=5, draft_vocab=8192, batch_tokens=4096, patience=2,
+                mixed_precision="bf16", lr=5e-4, noise=0.0)
+
+
+def read_samples(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [r for r in rows if not r.get("skipped") and r.get("response_ids")]
+
+
+def _unit(text: str) -> float:
+    return int(hashlib.sha1(text.encode()).hexdigest()[:12], 16) / 16 ** 12
+
+
+def split(samples: list[dict[str, Any]], val_share: float, val_samples: int
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(training pool in a fixed order, validation samples)``."""
+    prompt = lambda s: s["id"].split("@")[0]  # noqa: E731  (sampled responses are ID@tT)
+    val = sorted((s for s in samples if _unit("val:" + prompt(s)) < val_share), key=lambda s: _unit("v:" + s["id"]))
+    pool = sorted((s for s in samples if _unit("val:" + prompt(s)) >= val_share), key=lambda s: _unit("t:" + s["id"]))
+    return pool, val[:val_samples]
+
+
+def take(pool: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """The prefix of ``pool`` holding ``budget`` response tokens (all of it when the pool is smaller)."""
+    out, tokens = [], 0
+    for s in pool:
+        if tokens >= budget:
+            break
+        out.append(s)
+        tokens += len(s["response_ids"])
+    return out
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, rest = text.partition(":")
+    fields = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    settings = dict(DEFAULTS)
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"variant {name}: unknown setting {key!r} (TrainConfig fields: {', '.join(fields)})")
+        settings[key] = value if key == "mixed_precision" else (int(float(value)) if key in
+                        ("warmup", "ttt_steps", "draft_vocab", "batch_tokens", "patience", "seed") else float(value))
+    return name, settings
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--samples", type=Path, required=True, help="samples.jsonl(.gz) as train-head writes it")
+    p.add_argument("--work", type=Path, required=True)
+    p.add_argument("--budget", type=int, required=True, help="training response tokens")
+    p.add_argument("--variant", action="append", required=True, help="NAME:key=value,...")
+    p.add_argument("--val-share", type=float, default=0.1)
+    p.add_argument("--val-samples", type=int, default=300)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    pool, val = split(read_samples(args.samples), args.val_share, args.val_samples)
+    train = take(pool, args.budget)
+    tokens = sum(len(s["response_ids"]) for s in train)
+    print(f"pool {len(pool)} samples; training {len(train)} samples ({tokens} response tokens); validation "
+          f"{len(val)} samples ({sum(len(s['response_ids']) for s in val)} response tokens)", flush=True)
+    model, _ = load_model("smollm2")
+    head_config = HeadConfig.for_verifier(model.config, "eagle3")
+    samples = train + val
+    with torch.no_grad():
+        paths = extract_features(model, samples, args.work / f"features-{args.budget}", head_config.aux_layers)
+    features = FeatureSet(paths)
+    train_idx, val_idx = list(range(len(train))), list(range(len(train), len(samples)))
+    results_path = args.work / "results.json"
+    for text in args.variant:
+        name, settings = parse_variant(text)
+        config = TrainConfig(**settings)
+        out = args.work / str(args.budget) / name
+        started = time.perf_counter()
+        head, summary = train_head(model, features, train_idx, out, config,
+                                   HeadConfig.for_verifier(model.config, "eagle3"), val_idx=val_idx)
+        results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+        results[f"{args.budget}/{name}"] = {
+            "budget": args.budget, "train_samples": len(train), "train_tokens": tokens, "val_samples": len(val),
+            "settings": settings, "validation": summary["validation"], "best": summary["best"],
+            "steps": summary["steps"], "seconds": round(summary["seconds"], 1),
+            "this_run_seconds": round(time.perf_counter() - started, 1), "stopped_early": summary["stopped_early"],
+            "head": str(out / "checkpoints" / "best"),
+            "command": "python benchmarks/head_recipe.py " + " ".join(
+                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "variant") + f" --variant {text}"}
+        args.work.mkdir(parents=True, exist_ok=True)
+        results_path.write_text(json.dumps(results, indent=1))
+        best = summary["best"] or {}
+        print(f"{args.budget}/{name}: best epoch {best.get('epoch')} top-1 {best.get('top1')} coverage "
+              f"{best.get('coverage')} tokens/pass {best.get('tokens_per_pass')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
