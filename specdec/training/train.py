@@ -75,7 +75,9 @@ def draft_vocabulary(features: FeatureSet, indices: list[int], size: int, vocab:
 
 def init_head(config: HeadConfig, verifier: Any, keep: torch.Tensor | None) -> EagleHead:
     """A fresh head for ``verifier``: its ``lm_head`` and ``norm`` start as the verifier's (draft-vocabulary
-    rows), and its fc passes the last feature block through, so step 0 starts as an early exit."""
+    rows), and its fc passes the last feature block through, so its output starts in the verifier's hidden space.
+    (That is not a working early exit: the feature at slot ``i`` predicts token ``i + 1``, which the head is given,
+    while its target is token ``i + 2``; a fresh head's step-0 top-1 is a few percent.)"""
     head = EagleHead(config)
     h = config.hidden_size
     with torch.no_grad():
