@@ -4,11 +4,14 @@ verifier's responses and compare them on one fixed validation split they never t
     python benchmarks/head_recipe.py --samples runs/head-v2/work/samples.jsonl --work runs/recipe \\
         --budget 200000 --variant lr2e-3:lr=2e-3 --variant lr5e-4:lr=5e-4 --variant lr5e-4-noise:lr=5e-4,noise=0.2
 
-- The validation split is a fixed share of the *prompts* (by a hash of the prompt id, so a prompt's greedy and
-  sampled responses fall on the same side), capped at ``--val-samples``; it never depends on the budget.
+- The validation split is train-head's own (:func:`~specdec.training.prompts.heldout_split`: a fixed share of
+  the *prompts*, by a hash of the id, with all their responses), capped at ``--val-samples``; it never depends on
+  the budget, and with ``--val-share`` equal to train-head's ``--heldout`` it is the held-out set of a train-head
+  run on the same data.
 - The training subset of a budget is a prefix of one fixed order of the other samples, so smaller budgets are
   subsets of larger ones (a learning curve compares data sizes, not draws).
-- Features are extracted once per budget (``WORK/features-BUDGET``) and every variant trains from them, each in
+- Features are extracted once per budget (``WORK/features-BUDGET``), or read from a train-head run's own
+  (``--features OUT/work/features``: no extraction), and every variant trains from them, each in
   ``WORK/BUDGET/NAME`` (resumable: rerun the command). Results go to ``WORK/results.json`` (merged per variant):
   the validation numbers of every epoch, the best epoch and the training time.
 
@@ -32,6 +35,7 @@ import torch
 from specdec.heads.config import HeadConfig
 from specdec.models import load_model
 from specdec.training.features import FeatureSet, extract_features
+from specdec.training.prompts import heldout_split
 from specdec.training.train import TrainConfig, train_head
 
 DEFAULTS = dict(epochs=6.0, warmup=30, ttt_steps=5, draft_vocab=8192, batch_tokens=4096, patience=2,
@@ -51,10 +55,10 @@ def _unit(text: str) -> float:
 
 def split(samples: list[dict[str, Any]], val_share: float, val_samples: int
           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(training pool in a fixed order, validation samples)``."""
-    prompt = lambda s: s["id"].split("@")[0]  # noqa: E731  (sampled responses are ID@tT)
-    val = sorted((s for s in samples if _unit("val:" + prompt(s)) < val_share), key=lambda s: _unit("v:" + s["id"]))
-    pool = sorted((s for s in samples if _unit("val:" + prompt(s)) >= val_share), key=lambda s: _unit("t:" + s["id"]))
+    """``(training pool in a fixed order, validation samples)``: train-head's held-out split."""
+    held, train = heldout_split([s["id"] for s in samples], val_share)
+    val = sorted((samples[i] for i in held), key=lambda s: _unit("v:" + s["id"]))
+    pool = sorted((samples[i] for i in train), key=lambda s: _unit("t:" + s["id"]))
     return pool, val[:val_samples]
 
 
@@ -88,8 +92,10 @@ def main() -> None:
     p.add_argument("--work", type=Path, required=True)
     p.add_argument("--budget", type=int, required=True, help="training response tokens")
     p.add_argument("--variant", action="append", required=True, help="NAME:key=value,...")
-    p.add_argument("--val-share", type=float, default=0.1)
-    p.add_argument("--val-samples", type=int, default=300)
+    p.add_argument("--features", type=Path, default=None,
+                   help="a train-head run's feature directory (OUT/work/features) holding every sample used")
+    p.add_argument("--val-share", type=float, default=0.03, help="train-head's --heldout")
+    p.add_argument("--val-samples", type=int, default=10 ** 9)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = p.parse_args()
     if args.threads:
@@ -102,11 +108,22 @@ def main() -> None:
           f"{len(val)} samples ({sum(len(s['response_ids']) for s in val)} response tokens)", flush=True)
     model, _ = load_model("smollm2")
     head_config = HeadConfig.for_verifier(model.config, "eagle3")
-    samples = train + val
-    with torch.no_grad():
-        paths = extract_features(model, samples, args.work / f"features-{args.budget}", head_config.aux_layers)
-    features = FeatureSet(paths)
-    train_idx, val_idx = list(range(len(train))), list(range(len(train), len(samples)))
+    if args.features:  # a train-head run's features: pick the samples by id
+        recorded = json.loads((args.features / "index.json").read_text())
+        if list(recorded["layers"]) != list(head_config.aux_layers):
+            raise SystemExit(f"{args.features} holds features of layers {recorded['layers']}")
+        features = FeatureSet(sorted(args.features.glob("features-*.safetensors")))  # complete shards only
+        where = {sample_id: i for i, sample_id in enumerate(recorded["samples"]) if i < len(features)}
+        missing = [s["id"] for s in train + val if s["id"] not in where]
+        if missing:
+            raise SystemExit(f"{args.features} lacks {len(missing)} of the samples (e.g. {missing[:3]}): extract them")
+        train_idx, val_idx = [where[s["id"]] for s in train], [where[s["id"]] for s in val]
+    else:
+        samples = train + val
+        with torch.no_grad():
+            paths = extract_features(model, samples, args.work / f"features-{args.budget}", head_config.aux_layers)
+        features = FeatureSet(paths)
+        train_idx, val_idx = list(range(len(train))), list(range(len(train), len(samples)))
     results_path = args.work / "results.json"
     for text in args.variant:
         name, settings = parse_variant(text)
@@ -118,6 +135,7 @@ def main() -> None:
         results = json.loads(results_path.read_text()) if results_path.is_file() else {}
         results[f"{args.budget}/{name}"] = {
             "budget": args.budget, "train_samples": len(train), "train_tokens": tokens, "val_samples": len(val),
+            "val_share": args.val_share, "val_tokens": sum(len(s["response_ids"]) for s in val),
             "settings": settings, "validation": summary["validation"], "best": summary["best"],
             "steps": summary["steps"], "seconds": round(summary["seconds"], 1),
             "this_run_seconds": round(time.perf_counter() - started, 1), "stopped_early": summary["stopped_early"],

@@ -43,3 +43,4 @@ def test_prompt_tokens_fill_what_responses_leave():
 def test_only_listed_samples_count():
     keep, _ = draft_vocabulary(_Features(_ROWS), [0], size=4, vocab=40)
     assert 8 not in keep.tolist()
+

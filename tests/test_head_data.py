@@ -139,3 +139,29 @@ def test_training_validates_every_epoch_keeps_the_best_and_stops_early(tiny, tmp
     assert _train(tiny, out, "--self-prompts", "0", "--epochs", "6", "--lr", "0.05", "--patience", "1",
                   "--noise", "0.1", "--max-new-tokens", "12") == 0
     assert json.loads((out / "training.json").read_text())["best_validation"] == best
+
+
+def test_heldout_split_keeps_a_prompts_responses_together():
+    from specdec.training.prompts import heldout_split
+
+    ids = [f"p{i}" for i in range(400)] + [f"p{i}@t0.7" for i in range(0, 400, 3)]
+    held, train = heldout_split(ids, 0.1)
+    assert sorted(held + train) == list(range(len(ids))) and not set(held) & set(train)
+    held_prompts = {ids[i].split("@")[0] for i in held}
+    assert not held_prompts & {ids[i].split("@")[0] for i in train}
+    assert 20 <= len(held_prompts) <= 60  # about a tenth of 400 prompts
+    # a prompt's side never changes as data grows
+    more, _ = heldout_split(ids + [f"q{i}" for i in range(100)], 0.1)
+    assert {ids[i] for i in held} <= {(ids + [f"q{i}" for i in range(100)])[i] for i in more}
+
+
+def test_heldout_split_small_sets_keep_both_sides():
+    from specdec.training.prompts import heldout_split
+
+    for n in (2, 3, 5):
+        held, train = heldout_split([f"x{i}" for i in range(n)], 0.03)
+        assert held and train
+    held, train = heldout_split(["a", "b"], 0.99)
+    assert len(held) == 1 and len(train) == 1
+    held, train = heldout_split(["a", "a@t0.7", "a@t1.0"], 0.5)
+    assert held and train

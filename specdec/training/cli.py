@@ -40,7 +40,8 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps")
     p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no")
-    p.add_argument("--heldout", type=float, default=0.03, help="share of samples held out from training")
+    p.add_argument("--heldout", type=float, default=0.03,
+                   help="share of prompts held out from training, with all their responses (a fixed hash of the id)")
     p.add_argument("--eval-prompts", type=int, default=12)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -20,7 +20,6 @@ import copy
 import hashlib
 import json
 import os
-import random
 import shutil
 import time
 from contextlib import contextmanager
@@ -37,7 +36,8 @@ from specdec.heads.shipped import fingerprint
 from specdec.training.card import model_card
 from specdec.training.distill import distill, write_self_prompts
 from specdec.training.features import FeatureSet, extract_features
-from specdec.training.prompts import TrainHeadError, TrainPrompt, balance, read_train_prompts, write_atomic
+from specdec.training.prompts import (TrainHeadError, TrainPrompt, balance, heldout_split, read_train_prompts,
+                                      write_atomic)
 from specdec.training.train import TrainConfig, train_head
 
 __all__ = ["LOCK_FILE", "SETTINGS_FILE", "PipelineConfig", "ResumeError", "OutLockedError", "TrainHeadError",
@@ -70,7 +70,7 @@ class PipelineConfig:
     self_prompts: int = 250  # prompts the verifier writes itself
     max_new_tokens: int = 160
     gen_batch: int = 48
-    heldout: float = 0.03  # share of samples held out from training
+    heldout: float = 0.03  # share of prompts held out from training (their every response: heldout_split)
     eval_prompts: int = 12  # held-out prompts run through the speculative loop at the end
     eval_new_tokens: int = 96
     eval_k: int = 5
@@ -336,10 +336,7 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
         record_stage("training")
     features = FeatureSet(paths)
     featured = time.perf_counter()
-    order = list(range(len(samples)))
-    random.Random(config.train.seed).shuffle(order)
-    n_held = max(1, round(len(order) * config.heldout))
-    held, train_idx = sorted(order[:n_held]), sorted(order[n_held:])
+    held, train_idx = heldout_split([s["id"] for s in samples], config.heldout)
     head, summary = train_head(model, features, train_idx, out, config.train, head_config, val_idx=held,
                                progress=progress, log=log)
     trained = time.perf_counter()

@@ -122,3 +122,29 @@ def balance(prompts: list[TrainPrompt], per_group: int | None, seed: int = 0) ->
     rng.shuffle(chosen)
     return chosen
 
+
+
+def _unit(prompt_id: str) -> float:
+    """A fixed number in [0, 1) for a prompt id (the same on every machine and run)."""
+    import hashlib
+
+    return int(hashlib.sha1(f"val:{prompt_id}".encode()).hexdigest()[:12], 16) / 16 ** 12
+
+
+def heldout_split(sample_ids: list[str], share: float) -> tuple[list[int], list[int]]:
+    """``(held-out indices, training indices)`` of samples by their ids: a sample is held out when its *prompt*
+    is, so a prompt's greedy and sampled responses (``ID`` and ``ID@tT``) never fall on both sides, and a prompt's
+    side never changes as data grows (a fixed hash of its id below ``share``). At least one sample on each side
+    when there are two or more."""
+    prompts = [i.split("@t")[0] for i in sample_ids]
+    units = {p: _unit(p) for p in prompts}
+    held_prompts = {p for p, u in units.items() if u < share}
+    if not held_prompts and units:
+        held_prompts = {min(units, key=units.get)}
+    if len(held_prompts) == len(units) and len(units) > 1:
+        held_prompts.discard(max(held_prompts, key=units.get))
+    held = [i for i, p in enumerate(prompts) if p in held_prompts]
+    train = [i for i, p in enumerate(prompts) if p not in held_prompts]
+    if not train and len(held) > 1:  # one prompt with several responses: keep its first for training
+        train, held = held[:1], held[1:]
+    return held, train
