@@ -165,3 +165,26 @@ def test_heldout_split_small_sets_keep_both_sides():
     assert len(held) == 1 and len(train) == 1
     held, train = heldout_split(["a", "a@t0.7", "a@t1.0"], 0.5)
     assert held and train
+
+
+def test_features_in_length_sorted_batches_keep_each_samples_own(tmp_path):
+    """Batches group samples of similar length, yet every sample's stored features are its own (as a forward
+    of that sample alone gives them) and in the samples' order."""
+    from specdec.training.features import FeatureSet, extract_features, verifier_features
+
+    model = make_model("llama")
+    gen = torch.Generator().manual_seed(1)
+    lengths = [9, 3, 14, 5, 11, 2, 7]  # out of order, so sorting moves them
+    samples = [{"id": f"s{i}", "prompt_ids": torch.randint(3, 90, (3,), generator=gen).tolist(),
+                "response_ids": torch.randint(3, 90, (n,), generator=gen).tolist()} for i, n in enumerate(lengths)]
+    features = FeatureSet(extract_features(model, samples, tmp_path / "f", (1, 2), shard_samples=4, batch_size=3,
+                                           progress=False))
+    for i, s in enumerate(samples):
+        ids = torch.tensor([s["prompt_ids"] + s["response_ids"]])
+        with torch.no_grad():
+            hidden, final, top = verifier_features(model, ids, None, (1, 2))
+        got = features[i]
+        assert got["input_ids"].tolist() == ids[0].tolist()
+        torch.testing.assert_close(got["hidden"].float(), hidden[0].to(got["hidden"].dtype).float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(got["final"].float(), final[0].to(got["final"].dtype).float(), atol=2e-2, rtol=2e-2)
+        assert got["top"].tolist() == top[0].tolist()

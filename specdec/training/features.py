@@ -69,10 +69,13 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
             if path.is_file():
                 bar.update(len(shard))
                 continue
-            parts: dict[str, list[torch.Tensor]] = {"input_ids": [], "hidden": [], "final": [], "top": []}
-            for start in range(0, len(shard), batch_size):
-                batch = shard[start:start + batch_size]
-                rows = [s["prompt_ids"] + s["response_ids"] for s in batch]
+            keys = ("input_ids", "hidden", "final", "top")
+            done: list[dict[str, torch.Tensor] | None] = [None] * len(shard)
+            # batches of similar lengths (padding is compute thrown away); the shard keeps the samples' order
+            order = sorted(range(len(shard)), key=lambda j: len(shard[j]["prompt_ids"]) + len(shard[j]["response_ids"]))
+            for start in range(0, len(order), batch_size):
+                batch = order[start:start + batch_size]
+                rows = [shard[j]["prompt_ids"] + shard[j]["response_ids"] for j in batch]
                 width = max(len(r) for r in rows)
                 ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
                 mask = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -80,13 +83,12 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
                     ids[b, :len(r)] = torch.tensor(r, dtype=torch.long, device=device)
                     mask[b, :len(r)] = 1
                 hidden, final, top = verifier_features(model, ids, mask, layers)
-                for b, r in enumerate(rows):
+                for b, (j, r) in enumerate(zip(batch, rows)):
                     n = len(r)
-                    parts["input_ids"].append(ids[b, :n].cpu())
-                    parts["hidden"].append(hidden[b, :n].to("cpu", FEATURE_DTYPE))
-                    parts["final"].append(final[b, :n].to("cpu", FEATURE_DTYPE))
-                    parts["top"].append(top[b, :n].cpu())
+                    done[j] = {"input_ids": ids[b, :n].cpu(), "hidden": hidden[b, :n].to("cpu", FEATURE_DTYPE),
+                               "final": final[b, :n].to("cpu", FEATURE_DTYPE), "top": top[b, :n].cpu()}
                 bar.update(len(batch))
+            parts = {k: [d[k] for d in done] for k in keys}
             lengths = torch.tensor([len(t) for t in parts["input_ids"]], dtype=torch.long, device="cpu")
             tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
             tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"), lengths.cumsum(0)])
