@@ -21,7 +21,9 @@ def export_speculators(head_dir: str | Path, out_dir: str | Path, verifier: Any,
     the speculators layout, for ``speculators`` and vLLM.
 
     The head is loaded (and so checked) against ``verifier`` first; its token embedding is saved with it (the
-    verifier's unless the head has its own), so the export loads without the verifier's weights. ``dtype``: the
+    verifier's unless the head has its own), as speculators saves its heads. ``verifier_name_or_path`` is recorded
+    for speculators, whose loader reads the verifier's config and weights from there (give a hub id or a local
+    checkpoint directory). ``dtype``: the
     weights' (default: the dtype ``head_dir``'s config.json names, else bfloat16). Files are written under
     temporary names and renamed, so an interrupted export leaves no half-written file.
     """
