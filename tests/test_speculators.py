@@ -271,3 +271,22 @@ def test_shipped_head_through_speculators(tmp_path):
     feats, _, _ = verifier_features(verifier, ids, None, ours.config.aux_layers)
     theirs = _speculators_model(tmp_path / "spec")
     _assert_same_logits(_specdec_logits(ours, ids, feats), _speculators_logits(theirs, ids, feats), atol=2e-3)
+
+
+def test_export_keeps_rope_scaling(tmp_path):
+    """A head whose config.json writes rope scaling the old way (``type``) exports it as speculators and vLLM read
+    it (``rope_parameters.rope_type``), and loads back with the same logits."""
+    verifier = make_model("llama")
+    head = _random_head(verifier, 40)
+    head.config.rope_scaling = {"type": "linear", "factor": 4.0}
+    save_head(head, tmp_path / "head", dtype=torch.float32)
+    export_speculators(tmp_path / "head", tmp_path / "spec", verifier,
+                       verifier_name_or_path=_verifier_dir(verifier, tmp_path))
+    rope = json.loads((tmp_path / "spec" / "config.json").read_text())["transformer_layer_config"]["rope_parameters"]
+    assert rope["rope_type"] == "linear" and rope["factor"] == 4.0
+    ids, feats = _inputs(verifier, n=24)
+    ours, back = load_head(tmp_path / "head", verifier), load_head(tmp_path / "spec", verifier)
+    for a, b in zip(_specdec_logits(back, ids, feats), _specdec_logits(ours, ids, feats)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    _assert_same_logits(_specdec_logits(ours, ids, feats),
+                        _speculators_logits(_speculators_model(tmp_path / "spec"), ids, feats), atol=1e-4)

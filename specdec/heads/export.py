@@ -53,11 +53,10 @@ def export_speculators(head_dir: str | Path, out_dir: str | Path, verifier: Any,
     if head.config.draft_vocab_size == head.config.vocab_size:  # no draft vocabulary: speculators keeps no maps
         state.pop("d2t", None)
         state.pop("t2d", None)
-    config = head.config.to_json()
-    config["torch_dtype"] = str(dtype).removeprefix("torch.")
     name = verifier_name_or_path or getattr(verifier.config, "_name_or_path", None) or None
     archs = list(getattr(verifier.config, "architectures", None) or [type(verifier).__name__])
-    spec = speculators.speculators_config(config, verifier_name_or_path=name, verifier_architectures=archs,
+    spec = speculators.speculators_config(head.config, dtype=str(dtype).removeprefix("torch."),
+                                          verifier_name_or_path=name, verifier_architectures=archs,
                                           speculative_tokens=speculative_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / "model.safetensors.tmp"

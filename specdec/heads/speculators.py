@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 
+from specdec.heads.config import HeadConfig
+from specdec.heads.modules import llama_config
+
 #: ``speculators_model_type`` of the layout this module reads and writes
 SPECULATORS_TYPE = "eagle3"
 #: speculators version whose layout this follows (its ``speculators_version`` field)
@@ -30,7 +33,7 @@ _UNSUPPORTED_FLAGS = {
     "fc_norm": "an RMSNorm per verifier state before the fc",
     "norm_output": "normed outputs fed back across draft steps (EAGLE 3.1)",
 }
-#: decoder-layer settings read from ``transformer_layer_config`` into the public layout's top level
+#: decoder-layer settings read from ``transformer_layer_config`` into the public layout's top level (at load)
 _LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                "rms_norm_eps", "max_position_embeddings", "hidden_act", "vocab_size")
 #: training-only tensors speculators may save (frozen copies of the verifier's final norm and LM head rows)
@@ -96,28 +99,24 @@ def public_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def speculators_config(head_config: dict[str, Any], *, verifier_name_or_path: str | None,
+def speculators_config(config: HeadConfig, *, dtype: str, verifier_name_or_path: str | None,
                        verifier_architectures: list[str], speculative_tokens: int) -> dict[str, Any]:
-    """The speculators config.json for a head whose public-layout config.json is ``head_config``."""
-    eagle = head_config.get("eagle_config") or {}
-    aux = eagle.get("eagle_aux_hidden_state_layer_ids") or head_config.get("eagle_aux_hidden_state_layer_ids")
-    rope = {"rope_type": "default", **(head_config.get("rope_scaling") or {}),
-            "rope_theta": head_config.get("rope_theta", 10000.0)}
-    layer = {k: head_config[k] for k in _LAYER_KEYS if head_config.get(k) is not None}
-    layer.update(model_type="llama", architectures=["LlamaForCausalLM"], num_hidden_layers=1, attention_bias=False,
-                 mlp_bias=False, tie_word_embeddings=False, rope_parameters=rope)
+    """The speculators config.json of an EAGLE-3 head of ``config`` (weights in ``dtype``, e.g. ``"bfloat16"``)."""
+    llama = llama_config(config)  # the head's own layer settings, rope included, as the head builds them
+    llama.num_hidden_layers = 1
+    layer = {**llama.to_diff_dict(), "architectures": ["LlamaForCausalLM"]}  # speculators serialises the same way
     return {
         "architectures": ["Eagle3DraftModel"],
         "speculators_model_type": SPECULATORS_TYPE,
         "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": layer,
-        "draft_vocab_size": head_config.get("draft_vocab_size") or head_config["vocab_size"],
-        "target_hidden_size": head_config.get("target_hidden_size") or head_config["hidden_size"],
-        "norm_before_residual": bool(head_config.get("norm_before_residual", False)),  # explicit: vLLM defaults to true
+        "draft_vocab_size": config.draft_vocab_size,
+        "target_hidden_size": config.target_hidden_size,
+        "norm_before_residual": config.norm_before_residual,  # explicit: vLLM reads a missing one as true
         "norm_before_fc": False, "fc_norm": False, "norm_output": False, "embed_requires_grad": False,
-        "eagle_aux_hidden_state_layer_ids": list(aux),
+        "eagle_aux_hidden_state_layer_ids": list(config.aux_layers),
         "tie_word_embeddings": False,
-        "torch_dtype": head_config.get("torch_dtype", "bfloat16"),
+        "torch_dtype": dtype,
         "speculators_config": {
             "algorithm": SPECULATORS_TYPE,
             "default_proposal_method": "greedy",
