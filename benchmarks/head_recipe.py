@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gzip
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch
 from specdec.heads.config import HeadConfig
 from specdec.models import load_model
 from specdec.training.features import FeatureSet, extract_features
-from specdec.training.prompts import heldout_split
+from specdec.training.prompts import heldout_split, stable_unit
 from specdec.training.train import TrainConfig, train_head
 
 DEFAULTS = dict(epochs=6.0, warmup=30, ttt_steps=5, draft_vocab=8192, batch_tokens=4096, patience=2,
@@ -49,16 +48,12 @@ def read_samples(path: Path) -> list[dict[str, Any]]:
     return [r for r in rows if not r.get("skipped") and r.get("response_ids")]
 
 
-def _unit(text: str) -> float:
-    return int(hashlib.sha1(text.encode()).hexdigest()[:12], 16) / 16 ** 12
-
-
 def split(samples: list[dict[str, Any]], val_share: float, val_samples: int
           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(training pool in a fixed order, validation samples)``: train-head's held-out split."""
     held, train = heldout_split([s["id"] for s in samples], val_share)
-    val = sorted((samples[i] for i in held), key=lambda s: _unit("v:" + s["id"]))
-    pool = sorted((samples[i] for i in train), key=lambda s: _unit("t:" + s["id"]))
+    val = sorted((samples[i] for i in held), key=lambda s: stable_unit("v:" + s["id"]))
+    pool = sorted((samples[i] for i in train), key=lambda s: stable_unit("t:" + s["id"]))
     return pool, val[:val_samples]
 
 
@@ -75,14 +70,14 @@ def take(pool: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = text.partition(":")
-    fields = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    # each setting parsed as its TrainConfig field is typed ("int", "float", "int | None", "str")
+    types = {f.name: {"int": int, "float": float}.get(str(f.type).split()[0], str) for f in dataclasses.fields(TrainConfig)}
     settings = dict(DEFAULTS)
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        if key not in fields:
-            raise SystemExit(f"variant {name}: unknown setting {key!r} (TrainConfig fields: {', '.join(fields)})")
-        settings[key] = value if key == "mixed_precision" else (int(float(value)) if key in
-                        ("warmup", "ttt_steps", "draft_vocab", "batch_tokens", "patience", "seed") else float(value))
+        if key not in types:
+            raise SystemExit(f"variant {name}: unknown setting {key!r} (TrainConfig fields: {', '.join(types)})")
+        settings[key] = int(float(value)) if types[key] is int else types[key](value)
     return name, settings
 
 

@@ -8,6 +8,7 @@ must never be used here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -124,11 +125,9 @@ def balance(prompts: list[TrainPrompt], per_group: int | None, seed: int = 0) ->
 
 
 
-def _unit(prompt_id: str) -> float:
-    """A fixed number in [0, 1) for a prompt id (the same on every machine and run)."""
-    import hashlib
-
-    return int(hashlib.sha1(f"val:{prompt_id}".encode()).hexdigest()[:12], 16) / 16 ** 12
+def stable_unit(text: str) -> float:
+    """A fixed number in [0, 1) for ``text`` (the same on every machine and run: splits and orders by id)."""
+    return int(hashlib.sha1(text.encode()).hexdigest()[:12], 16) / 16 ** 12
 
 
 def heldout_split(sample_ids: list[str], share: float) -> tuple[list[int], list[int]]:
@@ -137,7 +136,7 @@ def heldout_split(sample_ids: list[str], share: float) -> tuple[list[int], list[
     side never changes as data grows (a fixed hash of its id below ``share``). At least one sample on each side
     when there are two or more."""
     prompts = [i.split("@t")[0] for i in sample_ids]
-    units = {p: _unit(p) for p in prompts}
+    units = {p: stable_unit(f"val:{p}") for p in prompts}
     held_prompts = {p for p, u in units.items() if u < share}
     if not held_prompts and units:
         held_prompts = {min(units, key=units.get)}
