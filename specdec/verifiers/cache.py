@@ -145,7 +145,12 @@ class ManagedCache(Cache):
         if max_cache_len <= 0:
             raise ValueError(f"max_cache_len must be positive, got {max_cache_len}")
         super().__init__(layers=[ManagedLayer(max_cache_len) for _ in range(num_layers)])
-        self.max_cache_len = int(max_cache_len)
+        self._max_cache_len = int(max_cache_len)
+
+    @property
+    def max_cache_len(self) -> int:  # transformers <= 5.15 defines a read-only (deprecated) one on Cache
+        """Tokens every layer's buffers are preallocated for."""
+        return self._max_cache_len
 
     @property
     def length(self) -> int:
