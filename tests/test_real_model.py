@@ -81,3 +81,20 @@ def test_ragged_batch_rows_equal_single_row_generate(smollm2, spec):
         assert torch.equal(row, alone), f"row {r}"
         assert (got[r, width + len(alone):] == tokenizer.eos_token_id).all()  # padded after its EOS, as generate does
     assert len(spec.last_stats.rows) == len(prompts)
+
+
+def test_gguf_tokenizer_ends_and_pads_with_the_generation_eos(smollm2):
+    """transformers <= 5.17 built this GGUF's tokenizer with eos <|im_start|> and no pad token; load_model aligns
+    it with the generation config (what later versions read), so padding and train-head's verifier identity do
+    not depend on the transformers version."""
+    import copy
+    import types
+
+    from specdec.models import align_special_tokens
+
+    model, tokenizer = smollm2
+    assert tokenizer.eos_token_id == model.generation_config.eos_token_id == 2 and tokenizer.pad_token == "<|im_end|>"
+    old = copy.deepcopy(tokenizer)
+    old.eos_token, old.pad_token = "<|im_start|>", None  # as 5.17 built it
+    align_special_tokens(types.SimpleNamespace(generation_config=model.generation_config), old)
+    assert (old.eos_token, old.eos_token_id, old.pad_token, old.pad_token_id) == ("<|im_end|>", 2, "<|im_end|>", 2)

@@ -253,6 +253,38 @@ def test_measure_verify_cost_times_every_size():
     assert cost.sizes == (1, 4, 16) and all(s > 0 for s in cost.seconds) and cost.device == "cpu"
 
 
+def test_measure_verify_cost_repeats_short_passes_and_keeps_the_monotone_envelope(monkeypatch):
+    """A launch-bound GPU pass is short and jittery: sizes are timed until ``min_seconds`` add up, and a pass is
+    never costed above a longer one (the first H100 check measured 16 tokens cheaper than 1)."""
+    import types
+
+    import specdec.trees.sizing as sizing
+
+    clock = [0.0]
+    cost = {1: 0.016, 4: 0.018, 16: 0.013, 32: 0.022}  # 16 dips below 1 and 4
+    calls: dict[int, int] = {}
+
+    class Session:
+        def forward(self, tokens, **_):
+            n = tokens.shape[1]
+            calls[n] = calls.get(n, 0) + 1
+            clock[0] += cost[n] * (3.0 if calls[n] == 1 else 1.0)  # a slow warm-up pass, not counted
+
+        def rollback(self, _):
+            pass
+
+        def release(self):
+            pass
+
+    runner = types.SimpleNamespace(model=make_model("llama"), prefill=lambda *a, **k: (Session(), None))
+    monkeypatch.setattr(sizing, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    got = measure_verify_cost(runner, sizes=(1, 4, 16, 32), context=8, repeats=3, min_seconds=0.1, max_repeats=25)
+    assert got.seconds == pytest.approx((0.013, 0.013, 0.013, 0.022))
+    assert calls == {1: 8, 4: 7, 16: 9, 32: 6}  # warm-up + enough repeats for 0.1 s (at least 3)
+    capped = measure_verify_cost(runner, sizes=(1,), context=8, repeats=3, min_seconds=10.0, max_repeats=5)
+    assert capped.seconds == pytest.approx((0.016,)) and calls[1] == 8 + 6
+
+
 def test_static_tree_has_the_requested_shape():
     model = make_model("llama")
     drafter = EagleDrafter(_random_head(model, "eagle3"), model).for_call()

@@ -46,10 +46,11 @@ def make_model(arch: str, seed: int = 0) -> torch.nn.Module:
 def perturbed_copy(model: torch.nn.Module, noise: float, seed: int = 123) -> torch.nn.Module:
     """A drafter that agrees with ``model`` often but not always: the same weights plus Gaussian noise."""
     draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device="cpu").manual_seed(seed)  # on the CPU, so a CUDA copy gets the same noise
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * noise * (p.std() if p.numel() > 1 else 1.0))
+            p.add_(torch.randn(p.shape, generator=gen, device="cpu").to(p.device) * noise
+                   * (p.std() if p.numel() > 1 else 1.0))
     return draft
 
 
