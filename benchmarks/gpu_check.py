@@ -22,7 +22,8 @@ time-boxed step in the order it started) and ``gpu_check.md`` (a readable report
    Order: hf, every k uncompiled, every k with ``compile_verifier``, hf-compiled: compiling is the slowest step,
    and a timeout inside it keeps every row before it (the whole uncompiled sweep).
 4. ``drafter_costs``: the same models with quantized self-drafters (specdec's schemes that this machine can
-   run; the others are listed with the reason) and a random EAGLE-3 head: drafter step against verifier step.
+   run; the others are listed with the reason) and a random EAGLE-3 head, eager and with ``compile_drafter``
+   (unless ``--no-compiled``): drafter step against verifier step.
 5. ``verify_cost``: each model's verifier cost curve (1..64 tokens per pass), as ``tree="auto"`` measures it.
 6. ``spec_bench``: where the embedded SmolLM2 GGUF is found (carried in parts, docs/gpu.md, or installed), a
    short Spec-Bench greedy run through ``specdec.eval.run_eval``, in two evals: first ``hf``, ``hf-assisted``,
@@ -561,6 +562,16 @@ def random_eagle3(model: Any, draft_vocab: int = 32000, seed: int = 0) -> Any:
     return head
 
 
+def compiled_head(model: Any) -> Any:
+    """The random EAGLE-3 head with ``compile_drafter`` (inductor), primed: its build time is the compilation."""
+    from specdec.drafters.eagle import EagleDrafter
+
+    drafter = EagleDrafter(random_eagle3(model), model)
+    drafter.compile()
+    drafter.prime()
+    return drafter
+
+
 def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any], args: argparse.Namespace) -> None:
     from specdec.api import SpeculativeModel
     from specdec.drafters import resolve_drafter
@@ -591,6 +602,8 @@ def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any]
                 why = e.reason
             entry["drafters"].append({"drafter": f"self:{scheme}", "status": "unavailable", "reason": why})
     builders.append(("eagle3 (random head)", lambda: EagleDrafter(random_eagle3(model), model)))
+    if not args.no_compiled:
+        builders.append(("eagle3 (random head, compile_drafter)", lambda: compiled_head(model)))
 
     for name, build in builders:
         row: dict[str, Any] = {"drafter": name, "status": "running"}

@@ -62,8 +62,8 @@ class SpeculativeModel:
             (:class:`~specdec.draft_length.AdaptiveDraftLength`). Without a ``generator`` the
             wall-clock estimates carry over between calls; a call given a seeded ``generator`` uses a
             fresh policy whose choices depend on accepted counts only (no clock), so it is reproducible.
-        compile_drafter: run the drafter's model through ``torch.compile`` (inductor). On a CPU it
-            cuts a small drafter's step by about a third; the first calls pay the compilation
+        compile_drafter: run the drafter's model (or draft head) through ``torch.compile`` (inductor). On a CPU it
+            cuts a small drafter's step by about a third, a head's by about a fifth; the first calls pay the compilation
             (about a minute per input shape, cached on disk for later processes). Output is
             unaffected: the verifier decides every token (see ``compile_verifier`` for the verifier's own passes).
         tree: verify a tree of drafts per pass instead of a chain (:mod:`specdec.trees`): ``"static"``, a

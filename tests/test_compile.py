@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import specdec
-from specdec.drafters import ModelDrafter
+from specdec.drafters import CompositeDrafter, ModelDrafter
+from specdec.drafters.eagle import EagleDrafter
+from test_eagle import _batch, _random_head
 from tiny_models import make_model, perturbed_copy
 
 
@@ -58,3 +60,74 @@ def test_compile_needs_a_model_drafter():
     composite = specdec.SpeculativeModel(model, specdec.drafters.CompositeDrafter(ModelDrafter(perturbed_copy(model, 0.1))),
                                          compile_drafter=True)
     assert composite.drafter.model_drafter.runner._compiled is not None
+
+
+class _Recording(EagleDrafter):
+    """Records every proposal (chain tokens, or a tree's tokens) into ``self.seen`` (shared by per-call copies)."""
+
+    def propose(self, rows, k, ctx):
+        proposal = super().propose(rows, k, ctx)
+        self.seen.append(proposal.tokens.tolist())
+        return proposal
+
+    def propose_tree(self, rows, shape, ctx):
+        tree = super().propose_tree(rows, shape, ctx)
+        self.seen.append(tree.tokens.tolist())
+        return tree
+
+
+def _recording(model, head):
+    drafter = _Recording(head, model)
+    drafter.seen = []
+    return drafter
+
+
+@pytest.mark.parametrize("tree", [None, "dynamic"])
+def test_compiled_head_drafts_what_the_eager_head_drafts(tree):
+    """compile_drafter on an EAGLE-3 head (inductor): the same drafts as the eager head, batch 1 and ragged 3, the
+    output the verifier's, no fallback, and nothing compiled after prime()."""
+    from torch._dynamo.utils import counters
+
+    model = make_model("llama")
+    head = _random_head(model, "eagle3")
+    eager = specdec.SpeculativeModel(model, _recording(model, head), num_draft_tokens=3, tree=tree)
+    compiled = specdec.SpeculativeModel(model, _recording(model, head), num_draft_tokens=3, tree=tree,
+                                        compile_drafter=True)
+    compiled.drafter.prime()
+    compiled.drafter.seen.clear()  # the dummy passes' drafts
+    graphs = counters["stats"]["unique_graphs"]
+    kwargs = dict(max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    ids, mask = _batch()
+    for inputs in (dict(input_ids=ids[:1]), dict(input_ids=ids, attention_mask=mask)):
+        expected = model.generate(**inputs, **kwargs)
+        for spec in (eager, compiled):
+            assert torch.equal(spec.generate(**inputs, **kwargs), expected)
+    assert compiled.drafter.seen == eager.drafter.seen and len(eager.drafter.seen) > 8
+    assert compiled.drafter._compiled  # it ran compiled (no fallback) ...
+    assert counters["stats"]["unique_graphs"] == graphs  # ... and compiled nothing after priming
+
+
+def test_a_head_whose_compilation_fails_runs_eagerly(monkeypatch):
+    from torch._dynamo.exc import TorchDynamoException
+
+    def broken(fn, **kwargs):
+        def call(*args):
+            raise TorchDynamoException("no compiler here")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    model = make_model("llama")
+    spec = specdec.SpeculativeModel(model, EagleDrafter(_random_head(model, "eagle3"), model), num_draft_tokens=3,
+                                    compile_drafter=True)
+    ids = torch.tensor([[5, 9, 14]])
+    with pytest.warns(UserWarning, match="torch.compile failed for the drafter"):
+        out = spec.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None)
+    assert torch.equal(out, model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None))
+    assert spec.drafter._compiled == {}  # emptied: the next calls go eager without trying again
+
+
+def test_composite_with_a_head_compiles_the_head():
+    model = make_model("llama")
+    spec = specdec.SpeculativeModel(model, CompositeDrafter(EagleDrafter(_random_head(model, "eagle3"), model)),
+                                    compile_drafter=True)
+    assert spec.drafter.compilable and spec.drafter.model_drafter._compiled

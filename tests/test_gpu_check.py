@@ -172,6 +172,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
 
     drafters = {d["drafter"]: d for d in data["drafter_costs"]["models"]["tiny"]["drafters"]}
     assert drafters["eagle3 (random head)"]["status"] == "ok" and drafters["self:int4"]["status"] == "ok"
+    assert drafters["eagle3 (random head, compile_drafter)"]["status"] == "ok"
     assert all(d["status"] in ("ok", "unavailable") for d in drafters.values()), drafters
     assert drafters["self:int4"]["draft_step_ms"] > 0
 

@@ -43,6 +43,10 @@ class CompositeDrafter(Drafter):
         """The model behind the model drafter (memory planning)."""
         return self.model_drafter.model
 
+    @property
+    def compilable(self) -> bool:
+        return self.model_drafter.compilable
+
     def compile(self) -> None:
         """Compile the model drafter's forwards (the lookup has none)."""
         self.model_drafter.compile()

@@ -91,7 +91,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                      help="verify chains (none) or trees of drafts per pass; several run each specdec method with each "
                           "(e.g. --tree none auto compares chain and tree in one run)")
     gen.add_argument("--compile-drafter", action="store_true",
-                     help="run specdec's model drafters through torch.compile (compiled during the warm-up)")
+                     help="run specdec's model drafters and draft heads through torch.compile (compiled during the warm-up)")
     gen.add_argument("--compile-verifier", nargs="?", const="on", choices=("on", "both"), default=None,
                      help="run specdec's verify passes through torch.compile over a static cache (CUDA graphs on CUDA); "
                           "every pass shape is compiled before timing and reported apart (verifier_compile_seconds); "
