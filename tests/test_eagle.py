@@ -310,6 +310,72 @@ def _self_distilled(model, count: int, prompt_len: int = 6, new: int = 40, seed:
     return samples
 
 
+def _dense_head_loss(head, batch, embed, target_head, steps):
+    """head_loss as first written: draft and target logits at every slot, then masked (the reference)."""
+    from torch import nn
+    from specdec.training.train import ttt_outputs
+
+    ids, hidden, final, top = batch["input_ids"], batch["hidden"], batch["final"], batch["top"]
+    n = ids.shape[1] - 1
+    slot = torch.arange(n).view(1, -1)
+    real, first = slot < (batch["lengths"] - 1).view(-1, 1), (batch["prompt_lengths"] - 1).view(-1, 1)
+    eagle3 = head.config.kind == "eagle3"
+    with torch.no_grad():
+        embeds = embed(ids[:, 1:])
+        ids_t = torch.arange(head.config.draft_vocab_size) + head.d2t if eagle3 else None
+        target = nn.functional.linear(final[:, 1:], target_head.weight[ids_t]) if eagle3 else target_head(final[:, 1:])
+        target_p = torch.softmax(target, dim=-1)
+        in_vocab = head.t2d[top[:, 1:]] if eagle3 else torch.ones_like(top[:, 1:], dtype=torch.bool)
+    total, stats = 0.0, {}
+    for s, out in enumerate(ttt_outputs(head, embeds, hidden[:, :-1], steps if eagle3 else 1)):
+        logits = head.logits(out)
+        response = real & (slot - s >= first)
+        mask = response & in_vocab
+        count = mask.sum().clamp(min=1)
+        loss = ((-(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)) * mask).sum() / count
+        if not eagle3:
+            regression = nn.functional.smooth_l1_loss(out, final[:, 1:], reduction="none").mean(-1)
+            loss = (regression * mask).sum() / count + 0.1 * loss
+        total = total + (0.8 ** s) * loss
+        guess = logits.argmax(-1)
+        guess = ids_t[guess] if eagle3 else guess
+        stats.update({f"n_{s}": float(mask.sum()), f"all_{s}": float(response.sum()), f"loss_{s}": float(loss.detach()),
+                      f"acc_{s}": float(((guess == top[:, 1:]) & mask).sum() / count)})
+    return total, stats
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+def test_head_loss_scores_the_response_slots_as_the_dense_loss_does(kind):
+    """head_loss projects only the slots it scores (response slots, not prompt or padding ones): loss, statistics
+    and gradients equal the dense loss's, at every training-time step."""
+    from specdec.training.train import head_loss
+
+    model = make_model("llama")
+    head = _random_head(model, kind, draft_vocab=48)
+    head.train()
+    g = torch.Generator().manual_seed(5)
+    lengths, prompts = torch.tensor([11, 7, 4]), torch.tensor([3, 5, 2])  # ragged rows, right padding
+    width = int(lengths.max())
+    feature = head.config.fc_in_features if kind == "eagle3" else H
+    batch = {"input_ids": torch.randint(3, V, (3, width), generator=g), "top": torch.randint(0, V, (3, width), generator=g),
+             "hidden": torch.randn(3, width, feature, generator=g), "final": torch.randn(3, width, H, generator=g),
+             "lengths": lengths, "prompt_lengths": prompts}
+    embed, target_head = model.get_input_embeddings(), model.get_output_embeddings()
+    results = []
+    for loss_fn in (head_loss, _dense_head_loss):
+        head.zero_grad()
+        loss, stats = loss_fn(head, batch, embed, target_head, 4)
+        loss.backward()
+        results.append((loss.detach(), stats, [p.grad.clone() for p in head.parameters() if p.grad is not None]))
+    (loss, stats, grads), (dense_loss, dense_stats, dense_grads) = results
+    torch.testing.assert_close(loss, dense_loss)
+    assert stats.keys() == dense_stats.keys() and all(abs(stats[k] - dense_stats[k]) < 1e-5 for k in stats), (stats, dense_stats)
+    assert stats["all_0"] == 8 + 2 + 2 and stats.get("all_1", 9) == 12 - 3  # later steps score fewer (a row's first s go)
+    assert len(grads) == len(dense_grads) > 0
+    for a, b in zip(grads, dense_grads):
+        torch.testing.assert_close(a, b)
+
+
 def test_training_lowers_the_loss_raises_acceptance_and_resumes(tmp_path):
     from specdec.training.features import FeatureSet, extract_features
     from specdec.training.pipeline import heldout_acceptance

@@ -162,7 +162,10 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
               ttt_steps: int, noise: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one batch and per-step accuracies (``acc_s``: share of the slots whose target the draft
     vocabulary holds where the draft is the verifier's greedy token; ``n_s`` those slots, ``all_s`` every
-    response slot of step ``s``). ``noise``: uniform noise on the features, times their RMS (training only)."""
+    response slot of step ``s``). ``noise``: uniform noise on the features, times their RMS (training only).
+
+    Draft and target logits are computed at the scored slots only (response slots; prompt and padding slots
+    feed the head's attention but score nothing): the draft vocabulary's projection is most of a step."""
     ids, hidden, final, top = batch["input_ids"], batch["hidden"], batch["final"], batch["top"]
     n = ids.shape[1] - 1  # slots: (feature i, token i + 1), targets from position i + 1
     dtype = head.fc.weight.dtype
@@ -173,30 +176,34 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
     slot = torch.arange(n, device=ids.device).view(1, -1)
     real = slot < (batch["lengths"] - 1).view(-1, 1)
     first = (batch["prompt_lengths"] - 1).view(-1, 1)  # the first slot that drafts a response token
-    target_top = top[:, 1:]
+    scored = real & (slot >= first)  # step 0's response slots; step s scores a subset of them
+    target_top, final_scored = top[:, 1:][scored], final[:, 1:][scored]  # [M], [M, H]
     with torch.no_grad():
         embeds = embed(tokens).to(dtype)
         if head.config.kind == "eagle3":
             ids_t = torch.arange(head.config.draft_vocab_size, device=ids.device) + head.d2t
-            target_logits = nn.functional.linear(final[:, 1:].to(dtype), target_head.weight[ids_t].to(dtype))
+            target_logits = nn.functional.linear(final_scored.to(dtype), target_head.weight[ids_t].to(dtype))
             in_vocab = head.t2d[target_top]
         else:
-            target_logits = target_head(final[:, 1:].to(dtype))
+            target_logits = target_head(final_scored.to(dtype))
             in_vocab = torch.ones_like(target_top, dtype=torch.bool)
         target_p = torch.softmax(target_logits.float(), dim=-1)
         draft_ids = ids_t if head.config.kind == "eagle3" else None
     steps = ttt_steps if head.config.kind == "eagle3" else 1
     total, stats = 0.0, {}
     for s, out in enumerate(ttt_outputs(head, embeds, feats, steps)):
-        logits = head.logits(out).float()
-        response = real & (slot - s >= first)
+        # step s scores the response slots from s after each row's first; its first s are a few rows too many
+        # for the projection, masked out rather than gathered away (gathering the targets costs more)
+        response = (real & (slot - s >= first))[scored]
+        out_s = out[scored]
+        logits = head.logits(out_s).float()
         mask = response & in_vocab
         count = mask.sum().clamp(min=1)
         stats[f"n_{s}"], stats[f"all_{s}"] = float(mask.sum()), float(response.sum())
         ce = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)
         loss = (ce * mask).sum() / count
         if head.config.kind == "eagle":
-            regression = nn.functional.smooth_l1_loss(out.float(), final[:, 1:].float(), reduction="none").mean(-1)
+            regression = nn.functional.smooth_l1_loss(out_s.float(), final_scored.float(), reduction="none").mean(-1)
             loss = (regression * mask).sum() / count + 0.1 * loss
         total = total + (0.8 ** s) * loss
         guess = logits.argmax(-1)
