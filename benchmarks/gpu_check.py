@@ -523,13 +523,23 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def timed(drafter: Any, sink: list[tuple[float, int]]) -> Any:
-    """``drafter`` with each ``propose`` timed into ``sink`` as (seconds, tokens); synchronised on CUDA.
+def timed(drafter: Any, sink: list[tuple[float, int]], profiles: list[Any] | None = None) -> Any:
+    """``drafter`` with each ``propose`` timed into ``sink`` as (seconds, tokens); synchronised on CUDA. While
+    ``profiles`` is a list, each ``propose`` also runs under ``torch.profiler`` and its profile is appended.
 
     The class is swapped for a subclass, so the per-call copies (``for_call``) time themselves too."""
     base = type(drafter)
 
     def propose(self: Any, rows: Any, k: int, ctx: Any) -> Any:
+        if profiles is not None and profiles:  # profiling on: profiles[0] is the switch, True
+            from torch.profiler import ProfilerActivity, profile
+
+            cuda = rows.device.type == "cuda"
+            with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+                proposal = base.propose(self, rows, k, ctx)
+                _sync(rows.device)
+            profiles.append(prof)
+            return proposal
         _sync(rows.device)
         t0 = time.perf_counter()
         proposal = base.propose(self, rows, k, ctx)
@@ -560,6 +570,27 @@ def random_eagle3(model: Any, draft_vocab: int = 32000, seed: int = 0) -> Any:
     head = head.to(device=model.device, dtype=model.dtype).eval()
     head.attach(model.get_input_embeddings(), model.get_output_embeddings())
     return head
+
+
+def propose_profile(profiles: list[Any], forwards_per_propose: float, top: int = 12) -> dict[str, Any]:
+    """A summary of ``torch.profiler`` runs of ``propose`` calls: per call the aten ops dispatched, their host (self
+    CPU) time and device (self CUDA) time, and the ops that take the most host time (per call)."""
+    calls = max(len(profiles), 1)
+    totals: dict[str, list[float]] = {}
+    for prof in profiles:
+        for e in prof.key_averages():
+            t = totals.setdefault(e.key, [0, 0.0, 0.0])
+            t[0] += e.count
+            t[1] += e.self_cpu_time_total / 1000
+            t[2] += getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) / 1000
+    aten = {k: v for k, v in totals.items() if k.startswith("aten::")}
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"calls": len(profiles), "forwards_per_call": _r(forwards_per_propose, 2),
+            "aten_ops_per_call": _r(sum(v[0] for v in aten.values()) / calls, 1),
+            "host_ms_per_call": _r(sum(v[1] for v in totals.values()) / calls, 3),
+            "device_ms_per_call": _r(sum(v[2] for v in totals.values()) / calls, 3),
+            "top_host_ops": [{"op": k, "count_per_call": _r(v[0] / calls, 1), "host_ms_per_call": _r(v[1] / calls, 3),
+                              "device_ms_per_call": _r(v[2] / calls, 3)} for k, v in ranked]}
 
 
 def compiled_head(model: Any) -> Any:
@@ -614,7 +645,8 @@ def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any]
             _sync(device)
             row["build_seconds"] = _r(time.perf_counter() - t0, 2)
             sink: list[tuple[float, int]] = []
-            spec = SpeculativeModel(model, timed(drafter, sink), num_draft_tokens=k)
+            profiles: list[Any] = []
+            spec = SpeculativeModel(model, timed(drafter, sink, profiles), num_draft_tokens=k)
             runner = Runner(MethodSpec("specdec", name, k), model, spec=spec)
             runner(ids, warm, None, mask)
             sink.clear()
@@ -630,6 +662,10 @@ def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any]
             if curve is not None:
                 row["draft_step_over_verifier_step"] = _r(propose_s / forwards / curve(1), 4)
                 row["propose_over_verify_pass"] = _r(propose_s / max(len(sink), 1) / curve(k + 1), 4)
+            if name.startswith("eagle3"):  # where a head's step goes: host ops or device kernels
+                profiles.append(True)
+                runner(ids, warm, None, mask)
+                row["profile"] = propose_profile(profiles[1:], spec.last_stats.drafter_forwards / max(len(profiles) - 1, 1))
         except Exception as e:
             row.update(status="error", error=_one_line(e))
         finally:

@@ -173,6 +173,9 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     drafters = {d["drafter"]: d for d in data["drafter_costs"]["models"]["tiny"]["drafters"]}
     assert drafters["eagle3 (random head)"]["status"] == "ok" and drafters["self:int4"]["status"] == "ok"
     assert drafters["eagle3 (random head, compile_drafter)"]["status"] == "ok"
+    profile = drafters["eagle3 (random head)"]["profile"]  # where a head's step goes, op by op
+    assert profile["calls"] > 0 and profile["aten_ops_per_call"] > 10 and profile["host_ms_per_call"] > 0
+    assert profile["top_host_ops"] and all(op["count_per_call"] > 0 for op in profile["top_host_ops"])
     assert all(d["status"] in ("ok", "unavailable") for d in drafters.values()), drafters
     assert drafters["self:int4"]["draft_step_ms"] > 0
 
