@@ -85,7 +85,9 @@ def _recording(model, head):
 @pytest.mark.parametrize("tree", [None, "dynamic"])
 def test_compiled_head_drafts_what_the_eager_head_drafts(tree):
     """compile_drafter on an EAGLE-3 head (inductor): the same drafts as the eager head, batch 1 and ragged 3, the
-    output the verifier's, no fallback, and nothing compiled after prime()."""
+    output the verifier's, no fallback, every pass kind compiled by prime() (a pass that hit dynamo's recompile
+    limit would run eagerly without a word: here it fails), nothing compiled after it; a second head compiles too."""
+    from torch._dynamo import config
     from torch._dynamo.utils import counters
 
     model = make_model("llama")
@@ -93,18 +95,25 @@ def test_compiled_head_drafts_what_the_eager_head_drafts(tree):
     eager = specdec.SpeculativeModel(model, _recording(model, head), num_draft_tokens=3, tree=tree)
     compiled = specdec.SpeculativeModel(model, _recording(model, head), num_draft_tokens=3, tree=tree,
                                         compile_drafter=True)
-    compiled.drafter.prime()
-    compiled.drafter.seen.clear()  # the dummy passes' drafts
-    graphs = counters["stats"]["unique_graphs"]
     kwargs = dict(max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
     ids, mask = _batch()
-    for inputs in (dict(input_ids=ids[:1]), dict(input_ids=ids, attention_mask=mask)):
-        expected = model.generate(**inputs, **kwargs)
-        for spec in (eager, compiled):
-            assert torch.equal(spec.generate(**inputs, **kwargs), expected)
-    assert compiled.drafter.seen == eager.drafter.seen and len(eager.drafter.seen) > 8
-    assert compiled.drafter._compiled  # it ran compiled (no fallback) ...
-    assert counters["stats"]["unique_graphs"] == graphs  # ... and compiled nothing after priming
+    with config.patch(fail_on_recompile_limit_hit=True):
+        frames = counters["frames"]["ok"]
+        compiled.drafter.prime()
+        assert counters["frames"]["ok"] - frames >= 10  # feed, step, tree and logits, 1 row and several
+        compiled.drafter.seen.clear()  # the dummy passes' drafts
+        for inputs in (dict(input_ids=ids[:1]), dict(input_ids=ids, attention_mask=mask)):
+            expected = model.generate(**inputs, **kwargs)
+            assert torch.equal(eager.generate(**inputs, **kwargs), expected)
+            with config.patch(error_on_recompile=True):  # primed: any compilation now is an error
+                assert torch.equal(compiled.generate(**inputs, **kwargs), expected)
+        assert compiled.drafter.seen == eager.drafter.seen and len(eager.drafter.seen) > 8
+        assert compiled.drafter._compiled  # it ran compiled (no fallback)
+        other = EagleDrafter(_random_head(model, "eagle3", seed=1), model)  # its own graphs, its own budget
+        other.compile()
+        frames = counters["frames"]["ok"]
+        other.prime()
+        assert counters["frames"]["ok"] - frames >= 10
 
 
 def test_a_head_whose_compilation_fails_runs_eagerly(monkeypatch):

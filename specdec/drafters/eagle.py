@@ -10,6 +10,7 @@ commit, since the verifier's real features replace them (as in EAGLE).
 
 from __future__ import annotations
 
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -67,8 +68,11 @@ class EagleDrafter(Drafter):
         of the step, measured on the shipped head) and one kernel launch each on a GPU, which inductor fuses. Drafts
         may differ from eager ones at float near-ties; the output stays the verifier's. A failed compilation warns
         and runs the head eagerly."""
-        self._compiled = {"pass": torch.compile(_head_pass, dynamic=True),
-                          "logits": torch.compile(_head_logits, dynamic=True)}
+        # one compiled function per pass kind, each over its own copy of the code: dynamo keeps at most 8 graphs per
+        # code object (then runs it eagerly, silently), and a head's kinds x (1 row, several) x (1 token, several)
+        # need more than that; a second head compiles its own
+        self._compiled = {kind: torch.compile(_own_code(_head_pass), dynamic=True) for kind in ("feed", "step", "tree")}
+        self._compiled["logits"] = torch.compile(_own_code(_head_logits), dynamic=True)
 
     def prime(self) -> None:
         """Compile now with dummy passes of every kind a call runs (feeds of one and of several committed tokens,
@@ -94,7 +98,7 @@ class EagleDrafter(Drafter):
                 for fed, frontier in ((0, 1), (1, 2), (3, 3)):
                     visible = torch.ones(batch, frontier, fed + frontier, dtype=torch.bool, device=device)
                     depth = torch.full((batch, frontier), 1 + fed, dtype=torch.long, device=device)
-                    call._logits(call._pass(ones(frontier), zeros(frontier, c.hidden_size), True,
+                    call._logits(call._pass("tree", ones(frontier), zeros(frontier, c.hidden_size), True,
                                             TreeKeyValues(call._cache, base, visible, depth)))
                 call.finish()
 
@@ -130,11 +134,13 @@ class EagleDrafter(Drafter):
 
     def _run(self, tokens: torch.Tensor, feats: torch.Tensor, own: bool) -> torch.Tensor:
         self.forwards += 1
-        return self._pass(tokens, feats, own, CachedKeyValues(self._cache, tokens.shape[1]))
+        kind = "step" if own else "feed"
+        return self._pass(kind, tokens, feats, own, CachedKeyValues(self._cache, tokens.shape[1]))
 
-    def _pass(self, tokens: torch.Tensor, feats: torch.Tensor, own: bool, kv: Any) -> torch.Tensor:
-        """One head pass (compiled after :meth:`compile`): its pre-norm outputs ``[B, n, H]``."""
-        return self._call("pass", _head_pass, self.head, tokens, feats, own, kv)
+    def _pass(self, kind: str, tokens: torch.Tensor, feats: torch.Tensor, own: bool, kv: Any) -> torch.Tensor:
+        """One head pass of ``kind`` (``feed``, ``step``, ``tree``; compiled after :meth:`compile`): its pre-norm
+        outputs ``[B, n, H]``."""
+        return self._call(kind, _head_pass, self.head, tokens, feats, own, kv)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._call("logits", _head_logits, self.head, hidden)
@@ -186,7 +192,7 @@ class EagleDrafter(Drafter):
                 fed = torch.cat([out.unsqueeze(1)] + outputs, dim=1)  # feed position p is at p + 1
                 feats = fed.gather(1, (parent_pos + 1)[..., None].expand(-1, -1, fed.shape[-1]))
                 self.forwards += 1
-                h = self._pass(tokens, feats, True, TreeKeyValues(self._cache, base, visible, depth))
+                h = self._pass("tree", tokens, feats, True, TreeKeyValues(self._cache, base, visible, depth))
                 outputs.append(h)
                 return self._full_vocab(self._logits(h))
 
@@ -233,3 +239,8 @@ def _head_pass(head: EagleHead, tokens: torch.Tensor, feats: torch.Tensor, own: 
 
 def _head_logits(head: EagleHead, hidden: torch.Tensor) -> torch.Tensor:
     return head.logits(hidden)
+
+
+def _own_code(fn: Any) -> Any:
+    """``fn`` over a fresh copy of its code object, so that dynamo keeps a cache (and a recompile budget) for it alone."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)

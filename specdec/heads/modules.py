@@ -203,7 +203,8 @@ class CachedKeyValues(KeyValues):
         self.span = int(cache.lengths.max()) + n  # slots any row of this pass can see
         cache.grow(self.span)
         self.positions = cache.lengths.unsqueeze(1) + torch.arange(n, device=device)  # [B, n]
-        self.rows = torch.arange(cache.lengths.shape[0], device=device).unsqueeze(1).expand(-1, n)
+        # contiguous: an expanded view's strides differ between n = 1 and n > 1, and compiled passes guard on them
+        self.rows = torch.arange(cache.lengths.shape[0], device=device).unsqueeze(1).expand(-1, n).contiguous()
         self.mask = torch.arange(self.span, device=device).view(1, 1, -1) <= self.positions.unsqueeze(-1)
 
     def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -226,7 +227,7 @@ class TreeKeyValues(KeyValues):
         cache.grow(self.span)
         self.positions = base.unsqueeze(1) + depth - 1  # rotary positions: committed length + depth - 1
         self.slots = base.unsqueeze(1) + torch.arange(total - n, total, device=device)  # where this pass writes
-        self.rows = torch.arange(batch, device=device).unsqueeze(1).expand(-1, n)
+        self.rows = torch.arange(batch, device=device).unsqueeze(1).expand(-1, n).contiguous()
         rel = torch.arange(self.span, device=device).unsqueeze(0) - base.unsqueeze(1)  # [B, S]: tree slot index
         in_tree = (rel >= 0) & (rel < total)
         tree = visible.gather(2, rel.clamp(0, total - 1).unsqueeze(1).expand(-1, n, -1))
