@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from specdec.heads.config import HeadConfig
 from specdec.heads.modules import EagleHead, KeyValues
 from specdec.training.features import FeatureSet
+from specdec.training.soft_ce import soft_cross_entropy
 
 
 @dataclass
@@ -196,17 +197,15 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
         # for the projection, masked out rather than gathered away (gathering the targets costs more)
         response = (real & (slot - s >= first))[scored]
         out_s = out[scored]
-        logits = head.logits(out_s).float()
+        ce, guess = soft_cross_entropy(head.logits(out_s), target_p)  # fused: a plain one was ~40% of a CPU step
         mask = response & in_vocab
         count = mask.sum().clamp(min=1)
         stats[f"n_{s}"], stats[f"all_{s}"] = float(mask.sum()), float(response.sum())
-        ce = -(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)
         loss = (ce * mask).sum() / count
         if head.config.kind == "eagle":
             regression = nn.functional.smooth_l1_loss(out_s.float(), final_scored.float(), reduction="none").mean(-1)
             loss = (regression * mask).sum() / count + 0.1 * loss
         total = total + (0.8 ** s) * loss
-        guess = logits.argmax(-1)
         guess = draft_ids[guess] if draft_ids is not None else guess
         stats[f"acc_{s}"] = float(((guess == target_top) & mask).sum() / count)
         stats[f"loss_{s}"] = float(loss.detach())
