@@ -5,6 +5,7 @@
 # gpu_carry/train_prompts (a copy of ../shared/data/train_prompts):
 #
 #   T=500 bash benchmarks/gpu_head.sh           # one call; a second call goes on from the newest checkpoint
+#   T=500 BUDGETS="200000 1000000" bash benchmarks/gpu_head.sh   # the learning curve's smaller points (head_recipe.py)
 #
 # The data needs no carry: data/smollm2-head-v2/*.jsonl.gz is in git. Into $OUT: the best head so far (its
 # safetensors split into 15 MiB parts: the device returns files of 16 MiB at most; `cat model.safetensors.part-*`
@@ -29,6 +30,16 @@ for f in samples self_prompts; do
     [ -s "$RUN/work/$f.jsonl" ] || gunzip -c "data/smollm2-head-v2/$f.jsonl.gz" > "$RUN/work/$f.jsonl"
 done
 [ -s "$RUN/work/settings.json" ] || cp data/smollm2-head-v2/settings.json "$RUN/work/settings.json"
+
+if [ -n "${BUDGETS:-}" ]; then  # the learning curve's smaller points instead: BUDGETS="200000 1000000"
+    for budget in $BUDGETS; do    # the same recipe on a prefix of the training prompts, 6 epochs, the same held-out split
+        timeout "$T" python3 benchmarks/head_recipe.py --samples "$RUN/work/samples.jsonl" --work runs/curve \
+            --budget "$budget" --val-share 0.03 --variant lr2e-3-16k:lr=2e-3,draft_vocab=16384,epochs=6 2>&1 \
+            | tr '\r' '\n' | grep --line-buffered -v 'it/s\]$' | tee -a "$OUT/curve.log" | tail -20
+    done
+    cp runs/curve/results.json "$OUT/curve.json" 2>/dev/null
+    exit 0
+fi
 
 start=$(date +%s)
 timeout "$T" python3 -c 'import sys; from specdec.cli import main; sys.exit(main())' train-head \

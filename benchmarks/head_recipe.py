@@ -92,6 +92,7 @@ def main() -> None:
     p.add_argument("--val-share", type=float, default=0.03, help="train-head's --heldout")
     p.add_argument("--val-samples", type=int, default=10 ** 9)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -101,7 +102,7 @@ def main() -> None:
     tokens = sum(len(s["response_ids"]) for s in train)
     print(f"pool {len(pool)} samples; training {len(train)} samples ({tokens} response tokens); validation "
           f"{len(val)} samples ({sum(len(s['response_ids']) for s in val)} response tokens)", flush=True)
-    model, _ = load_model("smollm2")
+    model, _ = load_model("smollm2", device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     head_config = HeadConfig.for_verifier(model.config, "eagle3")
     if args.features:  # a train-head run's features: pick the samples by id
         recorded = json.loads((args.features / "index.json").read_text())
