@@ -388,8 +388,12 @@ def test_training_lowers_the_loss_raises_acceptance_and_resumes(tmp_path):
                                            shard_samples=10, progress=False))
     assert len(features) == 24 and len(list((tmp_path / "features").glob("*.safetensors"))) == 3
     train = TrainConfig(draft_vocab=64, epochs=40, batch_tokens=512, lr=3e-3, warmup=10, save_every=40)
-    head, summary = train_head(model, features, list(range(24)), tmp_path, train, config, progress=False, log=lambda m: None)
+    lines = []
+    head, summary = train_head(model, features, list(range(24)), tmp_path, train, config, progress=False, log=lines.append)
     first, last = summary["history_first"], summary["final"]
+    progress = [m for m in lines if m.startswith("step ")]  # no bar: a line per checkpoint
+    assert len(progress) == summary["steps"] // 40 + (summary["steps"] % 40 > 0) and progress[0].startswith(
+        f"step 40 of {summary['steps']}: loss ") and "s a step" in progress[-1], lines
     assert last["loss_0"] < first["loss_0"] - 0.1 and last["acc_0"] > first["acc_0"]
     untrained = init_head(config, model, torch.nonzero(head.t2d).flatten())
     untrained.attach(model.get_input_embeddings(), model.get_output_embeddings())

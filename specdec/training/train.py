@@ -396,6 +396,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     bar = tqdm(total=total_steps, initial=step, desc="training head", disable=not progress or not accelerator.is_main_process)
     epoch_batches: dict[int, list[list[int]]] = {}
     started = time.perf_counter() - seconds
+    mark = (step, time.perf_counter())  # the step and time of the last progress line
     head.train()
     while step < total_steps and not stopped:
         global_index = step * accelerator.num_processes + accelerator.process_index
@@ -434,6 +435,12 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
             if stopped:
                 log(f"stopping early: no better validation score for {config.patience} epoch(s)")
         if step % config.save_every == 0 or step == total_steps or (val_idx and epoch_done):
+            if main and not progress:  # no bar (a background run's log): a line per checkpoint instead
+                recent = history[-config.save_every:]
+                log(f"step {step} of {total_steps}: loss {sum(h['loss'] for h in recent) / len(recent):.3f}, "
+                    f"training top-1 {sum(h.get('acc_0', 0.0) for h in recent) / len(recent):.3f}, "
+                    f"{(time.perf_counter() - mark[1]) / max(1, step - mark[0]):.2f} s a step")
+                mark = (step, time.perf_counter())
             _save_checkpoint(accelerator, checkpoints, step, {
                 "step": step, "seconds": time.perf_counter() - started, "best": best, "val_history": val_history,
                 "stopped": stopped, "history_first": (earlier + history)[:20], "history_last": history[-20:]})
