@@ -148,5 +148,5 @@ class ChainPlan(DraftPlan):
         return drafter.propose(rows, self.policy.choose(room), ctx)
 
     def update(self, drafts: Drafts, accepted: "torch.Tensor", draft_seconds: float, verify_seconds: float,
-               drafter_forwards: int) -> None:
+               drafter_forwards: int, path: "torch.Tensor | None" = None) -> None:
         self.policy.update(drafts.num_tokens, int(accepted.min()), draft_seconds, verify_seconds)

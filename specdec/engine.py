@@ -86,7 +86,7 @@ def speculative_generate(
             added = out.add_block(v.tokens, (v.accepted + 1).tolist(), v.scores, v.logits)
             added_t = torch.tensor(added, dtype=torch.long, device=fed.device)
             v.keep(cache, fed, added_t)  # the newest committed token stays unfed
-            plan.update(drafts, v.accepted, t1 - t0, t2 - t1, drafter.forwards - forwards)
+            plan.update(drafts, v.accepted, t1 - t0, t2 - t1, drafter.forwards - forwards, v.path)
             stats.record_step(drafts.scored(), v.accepted.tolist(), added, out.active)
             drafter.commit(Commit(out.active_rows(), v.accepted, added_t, hidden=v.hidden, path=v.path))
             _retire(out, cache, drafter)

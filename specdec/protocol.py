@@ -186,8 +186,9 @@ class DraftPlan:
         raise NotImplementedError
 
     def update(self, drafts: Drafts, accepted: torch.Tensor, draft_seconds: float, verify_seconds: float,
-               drafter_forwards: int) -> None:
-        """Learn from one pass: ``accepted [B]`` drafts per row, its timings and the drafter's forwards."""
+               drafter_forwards: int, path: torch.Tensor | None = None) -> None:
+        """Learn from one pass: ``accepted [B]`` drafts per row, its timings, the drafter's forwards and, for
+        trees, the accepted path (``path [B, D]``: node indices, -1 past the accepted ones)."""
 
     def to_dict(self) -> dict | None:
         """``SpecStats.tree``: a tree's configuration (and what ``auto`` learnt); ``None`` for chains."""

@@ -34,7 +34,7 @@ class Alternating(DraftPlan):
         self.passes += 1
         return drafter.propose(rows, min(room, 1 if self.passes % 2 else 3), ctx)
 
-    def update(self, drafts, accepted, draft_seconds, verify_seconds, drafter_forwards) -> None:
+    def update(self, drafts, accepted, draft_seconds, verify_seconds, drafter_forwards, path=None) -> None:
         self.told.append((drafts.num_tokens, int(accepted[0])))
 
 

@@ -238,14 +238,53 @@ def test_sizer_rules():
     assert TreeSizer(STEEP, draft_step=0.001).select([0.02, 0.01], 1) == 1  # never none: it must keep learning
     sizer = TreeSizer(STEEP, draft_step=0.001)
     assert sizer.worth_expanding([0.9], [0.9], 1) and not TreeSizer(STEEP, draft_step=1.0).worth_expanding([0.9], [0.01], 1)
-    sizer.update(predicted=2.0, accepted=0.0)  # one bad pass moves it, the prior keeps it off the floor
-    assert sizer.calibration == pytest.approx(1 / 3)
-    for _ in range(60):
-        sizer.update(predicted=2.0, accepted=1.0)
-    assert sizer.calibration == pytest.approx(0.5, abs=0.03)
     assert FLAT(32) == pytest.approx(0.010 + 31 / 63 * 0.001) and STEEP(128) > STEEP(64)
     with pytest.raises(ValueError, match="ascending"):
         VerifyCost((4, 2), (0.1, 0.2))
+
+
+def _chain_and_sibling(depth: int, p: float, sibling: float) -> DraftTree:
+    """A chain of ``depth`` nodes, each its parent's top child at probability ``p``, and the root's second child."""
+    values = [p ** (d + 1) for d in range(depth)] + [sibling]
+    return DraftTree(torch.arange(depth + 1)[None], None, parents=torch.tensor([[-1, *range(depth - 1), -1]]),
+                     values=torch.tensor([values]))
+
+
+def test_edge_calibration_learns_what_greedy_accepts_by_rank():
+    """A drafter whose top child is always accepted at p 0.4 and whose second never is: one factor for every
+    node (the model before) values depth d at ~0.4^d; the edge calibration learns top children ~1, others ~0."""
+    from specdec.trees.sizing import edges
+
+    tree = _chain_and_sibling(5, 0.4, 0.3)
+    parents, values = tree.parents[0].tolist(), tree.values[0].tolist()
+    assert edges(parents, values) == ([0, 0, 0, 0, 0, 1], pytest.approx([0.4] * 5 + [0.3]))
+    fresh, sizer = TreeSizer(STEEP, draft_step=0.001), TreeSizer(STEEP, draft_step=0.001)
+    assert fresh.weights(parents, values) == pytest.approx(values)  # no evidence: the drafter's own estimate
+    for _ in range(30):
+        sizer.update(tree, torch.tensor([[0, 1, 2, 3, 4]]))
+    learnt = sizer.weights(parents, values)
+    assert min(learnt[:5]) > 0.9 and learnt[5] < 0.05
+    assert all(a >= b for a, b in zip(learnt, learnt[1:5]))  # never more than the parent: ancestor-closed
+    assert sizer.calibration == pytest.approx(1.0, abs=0.1)  # accepted drafts over the weights predicted
+    cost = VerifyCost((1, 64), (0.010, 0.100))
+    assert TreeSizer(cost, draft_step=0.001).select(sorted(values, reverse=True), 5) <= 3  # the sibling among them
+    tuned = TreeSizer(cost, draft_step=0.001)
+    tuned.edges = sizer.edges
+    assert tuned.select(sorted(learnt, reverse=True), 5) == 5  # the chain, not its sibling
+    before = float(sizer.edges.predicted.sum())
+    sizer.update(tree, torch.tensor([[-1, -1, -1, -1, -1]]))  # nothing accepted: only the root's children are edges
+    assert float(sizer.edges.predicted.sum()) == pytest.approx(0.95 * before + 0.4 + 0.3)
+
+
+def test_auto_grows_deep_trees_for_a_drafter_that_is_always_right():
+    """The verifier drafting for itself (top probabilities ~0.3 on the tiny models): ``auto`` learns that its top
+    children are accepted and drafts several tokens a pass where a steep cost curve kept the old sizer at ~1."""
+    model = make_model("gpt2")
+    cost = VerifyCost((1, 64), (0.010, 0.100))
+    stats = _identical(model, perturbed_copy(model, 0.0), 1, "auto", new=48, tree_cost=cost, tree_draft_step=0.001)
+    assert stats.mean_accepted_length > 3, stats.to_dict()
+    factor = stats.tree["edge_calibration"]["factor"]
+    assert max(factor[0]) > 2 and max(factor[0]) > 3 * max(factor[1])
 
 
 def test_measure_verify_cost_times_every_size():

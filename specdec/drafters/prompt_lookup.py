@@ -103,7 +103,8 @@ class PromptLookupDrafter(Drafter):
         trees = []
         for branches in self.branches(rows, depth, shape.config.top_k):
             tree = lookup_tree(branches)
-            trees.append(tree.best(shape.select(sorted(tree.values, reverse=True), 0)) if len(tree) else tree)
+            weights = shape.weights(tree.parents, tree.values)
+            trees.append(tree.best(shape.select(sorted(weights, reverse=True), 0), weights) if len(tree) else tree)
         return pack(trees, rows.device, ctx.vocab_size)
 
     def keep_rows(self, indices: torch.Tensor) -> None:

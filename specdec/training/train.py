@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from specdec.heads.config import HeadConfig
 from specdec.heads.modules import EagleHead, KeyValues
 from specdec.training.features import FeatureSet
+from specdec.training.heap import pin_mmap_threshold
 from specdec.training.soft_ce import soft_cross_entropy
 
 
@@ -363,6 +364,8 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     from accelerate.utils import set_seed
 
     accelerator = Accelerator(mixed_precision=config.mixed_precision, cpu=verifier.device.type == "cpu")
+    if accelerator.device.type == "cpu":  # host-side steps: without it the heap fragments to 3-4x (module doc)
+        pin_mmap_threshold()
     set_seed(config.seed)
     keep = None
     if head_config.kind == "eagle3":

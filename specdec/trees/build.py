@@ -10,6 +10,7 @@ them to its cache after its committed slots.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -18,6 +19,8 @@ import torch
 from specdec.trees.config import TreeConfig
 from specdec.trees.sizing import TreeSizer
 from specdec.trees.tree import DraftTree
+
+FRONTIER_SHARE = 0.1  # auto feeds a frontier node worth at least this share of the frontier's best
 
 if TYPE_CHECKING:  # trees never import drafters at run time: drafters import trees
     from specdec.protocol import DraftContext, Rows
@@ -47,17 +50,22 @@ class TreeShape:
         return min(self.config.max_depth, self.room)
 
     def keep_expanding(self, depth_done: int, values: list[float], frontier: list[float], passes: int) -> bool:
-        """Whether to run one more depth step (``values``: candidate values so far, ``frontier``: the nodes
-        that would be fed; all probabilities)."""
+        """Whether to run one more depth step (``values``: candidate weights so far, ``frontier``: those of the
+        nodes that would be fed; all probabilities)."""
         if depth_done >= self.depth:
             return False
         return self.sizer is None or self.sizer.worth_expanding(values, frontier, passes)
 
     def select(self, values: list[float], passes: int) -> int:
-        """How many of the candidates (``values`` sorted best first) to verify."""
+        """How many of the candidates (``values`` sorted best first: weights under ``auto``) to verify."""
         if self.sizer is None:
             return min(self.config.total_tokens, len(values))
         return self.sizer.select(values, passes)
+
+    def weights(self, parents: list[int], values: list[float]) -> list[float]:
+        """What the nodes of one row's host-built tree are worth for ranking and sizing: ``auto``'s calibrated
+        acceptance (:meth:`TreeSizer.weights`), else the cumulative draft probabilities themselves."""
+        return values if self.sizer is None else self.sizer.weights(parents, values)
 
 
 @dataclass
@@ -69,21 +77,25 @@ class GrownTree:
 
 
 class _Candidates:
-    """Candidate nodes of a batch of trees, all rows the same count (tensors [B, C])."""
+    """Candidate nodes of a batch of trees, all rows the same count (tensors [B, C]). ``val``: cumulative draft
+    log-probabilities; ``w``: log-weights that rank them (``val`` itself unless ``auto``'s sizer calibrates)."""
 
-    def __init__(self, batch: int, slots: int, device: torch.device) -> None:
+    def __init__(self, batch: int, slots: int, device: torch.device, sizer: TreeSizer | None = None) -> None:
         self.device = device
+        self.sizer = sizer
         self.tok = torch.zeros(batch, 0, dtype=torch.long, device=device)
         self.par = torch.zeros(batch, 0, dtype=torch.long, device=device)
         self.val = torch.zeros(batch, 0, dtype=torch.float32, device=device)
+        self.w = torch.zeros(batch, 0, dtype=torch.float32, device=device)
         self.depth = torch.zeros(batch, 0, dtype=torch.long, device=device)
         self.fed = torch.zeros(batch, 0, dtype=torch.long, device=device)
         self.vis = torch.zeros(batch, 0, slots, dtype=torch.bool, device=device)
         self.fed_count = 0
         self.passes = 0
 
-    def add(self, tok: torch.Tensor, par: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
-        """Append children ``[B, M]`` of candidates ``par`` (-1: root); returns their candidate ids ``[B, M]``."""
+    def add(self, tok: torch.Tensor, par: torch.Tensor, val: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        """Append children ``[B, M]`` of candidates ``par`` (-1: root), ``rank`` among their siblings; returns
+        their candidate ids ``[B, M]``."""
         batch, m = tok.shape
         start = self.tok.shape[1]
         root = par < 0
@@ -92,6 +104,13 @@ class _Candidates:
         vis = self.vis.gather(1, safe[..., None].expand(-1, -1, self.vis.shape[2])) if start else \
             torch.zeros(batch, m, self.vis.shape[2], dtype=torch.bool, device=self.device)
         vis = vis & ~root[..., None]
+        val = val.float()
+        w = val
+        if self.sizer is not None:  # the parent's weight times the edge's calibrated acceptance
+            parent_val = torch.where(root, 0.0, self.val.gather(1, safe)) if start else torch.zeros_like(val)
+            parent_w = torch.where(root, 0.0, self.w.gather(1, safe)) if start else torch.zeros_like(val)
+            w = (parent_w + self.sizer.log_acceptance(rank, val - parent_val)).nan_to_num(nan=float("-inf"))
+        self.w = torch.cat([self.w, w], 1)
         self.tok, self.par = torch.cat([self.tok, tok], 1), torch.cat([self.par, par], 1)
         self.val, self.depth = torch.cat([self.val, val.float()], 1), torch.cat([self.depth, depth], 1)
         self.fed = torch.cat([self.fed, torch.full_like(tok, -1)], 1)
@@ -133,7 +152,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
     """
     batch, device = root_logits.shape[0], root_logits.device
     config = shape.config
-    cands = _Candidates(batch, config.max_fed, device)
+    cands = _Candidates(batch, config.max_fed, device, shape.sizer)
 
     def logprobs(logits: torch.Tensor, nodes: torch.Tensor | None) -> torch.Tensor:
         flat = logits.reshape(-1, logits.shape[-1])
@@ -145,19 +164,22 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
         return _static(root, cands, expand, shape, logprobs)
     k = config.top_k
     v, t = root.topk(k, dim=-1)
-    frontier = cands.add(t, torch.full_like(t, -1), v)
+    ranks = torch.arange(k, device=device)
+    frontier = _worthy(cands, cands.add(t, torch.full_like(t, -1), v, ranks.expand(batch, k)))
     depth = 1
-    while shape.keep_expanding(depth, _sorted(cands.val), _probs(cands.val.gather(1, frontier)), cands.passes):
+    # the drafter's passes this proposal: the one that gave the root's logits, then one per depth fed
+    while shape.keep_expanding(depth, _sorted(cands.w), _probs(cands.w.gather(1, frontier)), cands.passes + 1):
         lp = logprobs(cands.feed(frontier, expand), frontier)  # [B, F, V]
         v, t = lp.topk(k, dim=-1)
         cum = cands.val.gather(1, frontier).unsqueeze(-1) + v
-        ids = cands.add(t.flatten(1), frontier.unsqueeze(-1).expand(-1, -1, k).flatten(1), cum.flatten(1))
-        best = cands.val.gather(1, ids).topk(min(k, ids.shape[1]), dim=-1).indices
-        frontier = ids.gather(1, best)
+        ids = cands.add(t.flatten(1), frontier.unsqueeze(-1).expand(-1, -1, k).flatten(1), cum.flatten(1),
+                        ranks.repeat(frontier.shape[1]).expand(batch, -1))
+        best = cands.w.gather(1, ids).topk(min(k, ids.shape[1]), dim=-1).indices
+        frontier = _worthy(cands, ids.gather(1, best))
         depth += 1
-    finite = int(torch.isfinite(cands.val).sum(dim=1).min())
-    n = min(shape.select(_sorted(cands.val), cands.passes), finite)
-    order = cands.val.sort(dim=1, descending=True, stable=True).indices  # ties: parents (earlier) first
+    finite = int(torch.isfinite(cands.w).sum(dim=1).min())
+    n = min(shape.select(_sorted(cands.w), cands.passes + 1), finite)
+    order = cands.w.sort(dim=1, descending=True, stable=True).indices  # ties: parents (earlier) first
     return cands.tree(order[:, :n])
 
 
@@ -181,9 +203,21 @@ def _static(root: torch.Tensor, cands: _Candidates, expand: Expander, shape: Tre
             base = cands.val[:, parent] if d > 1 else torch.zeros(batch, device=device)
             par = torch.full((batch, 1), parent, dtype=torch.long, device=device)
             rank = path[-1]
-            ids[path] = int(cands.add(t[:, rank : rank + 1], par, (base + v[:, rank]).unsqueeze(1))[0, 0])
+            ranked_as = torch.full((batch, 1), rank, dtype=torch.long, device=device)
+            ids[path] = int(cands.add(t[:, rank : rank + 1], par, (base + v[:, rank]).unsqueeze(1), ranked_as)[0, 0])
     chosen = torch.arange(cands.tok.shape[1], device=device).expand(batch, -1)
     return cands.tree(chosen)
+
+
+def _worthy(cands: _Candidates, frontier: torch.Tensor) -> torch.Tensor:
+    """``auto``: the frontier (best first) without the nodes worth less than ``FRONTIER_SHARE`` of its best in every
+    row. Feeding them costs drafter time (a pass over 8 nodes took twice one over 1, int8 self-copy, this CPU)
+    for children a calibrated drafter says will not be accepted; a confident drafter grows a chain."""
+    if cands.sizer is None or frontier.shape[1] <= 1:
+        return frontier
+    w = cands.w.gather(1, frontier)
+    keep = int((w >= w[:, :1] + math.log(FRONTIER_SHARE)).sum(dim=1).max())
+    return frontier[:, : max(keep, 1)]
 
 
 def _width(choices: list[tuple[int, ...]], parent: tuple[int, ...]) -> int:
@@ -193,7 +227,7 @@ def _width(choices: list[tuple[int, ...]], parent: tuple[int, ...]) -> int:
 
 
 def _sorted(values: torch.Tensor) -> list[float]:
-    """Candidate values (log-probabilities ``[B, C]``) as probabilities, best first, averaged over rows."""
+    """Candidate log-weights ``[B, C]`` as probabilities, best first, averaged over rows."""
     return _probs(values.sort(dim=1, descending=True).values)
 
 

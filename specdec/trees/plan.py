@@ -52,14 +52,12 @@ class TreePlan(DraftPlan):
         return TreeShape(self.config, room, self.sizer)
 
     def update(self, drafts: Drafts, accepted: torch.Tensor, draft_seconds: float, verify_seconds: float,
-               drafter_forwards: int) -> None:
-        """Calibrate the sizer: the drafter's summed node values per row against the drafts accepted."""
+               drafter_forwards: int, path: torch.Tensor | None = None) -> None:
+        """Calibrate the sizer: which of the tree's nodes the verifier accepted (``path``), against their values."""
         tree = drafts  # a chain of none on the last pass has no values
-        if self.sizer is None or tree.values is None or tree.tokens.shape[1] == 0:
+        if self.sizer is None or tree.values is None or tree.tokens.shape[1] == 0 or path is None:
             return
-        rows = max(tree.tokens.shape[0], 1)
-        predicted = float((tree.values * tree.valid).sum()) / rows
-        self.sizer.update(predicted, float(accepted.float().mean()), draft_seconds, drafter_forwards)
+        self.sizer.update(tree, path, draft_seconds, drafter_forwards)
 
     def to_dict(self) -> dict:
         """The configuration asked for (``summary.json``'s ``tree``; capping it to the call changes no tree drawn),
@@ -67,5 +65,5 @@ class TreePlan(DraftPlan):
         data = self.requested.to_dict()
         if self.sizer is not None:
             data.update(calibration=round(self.sizer.calibration, 4), draft_step_s=self.sizer.draft_step,
-                        verify_cost=self.sizer.cost.to_dict())
+                        verify_cost=self.sizer.cost.to_dict(), edge_calibration=self.sizer.edges.to_dict())
         return data

@@ -125,10 +125,11 @@ class RowTree:
             nodes.append(parent)
         return nodes
 
-    def best(self, n: int) -> "RowTree":
-        """The ``n`` most valuable nodes (ties: earlier first), re-indexed; ancestor-closed when no child is
-        worth more than its parent."""
-        order = sorted(range(len(self)), key=lambda i: (-self.values[i], i))[: max(n, 0)]
+    def best(self, n: int, weights: list[float] | None = None) -> "RowTree":
+        """The ``n`` most valuable nodes (by ``weights`` when given, else by value; ties: earlier first),
+        re-indexed, keeping their values; ancestor-closed when no child is worth more than its parent."""
+        worth = self.values if weights is None else weights
+        order = sorted(range(len(self)), key=lambda i: (-worth[i], i))[: max(n, 0)]
         out = RowTree()
         index: dict[int, int] = {}
         for i in sorted(order):
