@@ -74,11 +74,22 @@ class CompositeDrafter(Drafter):
         return self.model_drafter.propose(rows, k, ctx)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
-        """The model drafter's tree with the lookup's continuations merged in as more branches of the root
-        (shared prefixes merge); the model's nodes keep their indices, so it commits its own part."""
+        """Where a row's text repeats (a continuation of at least ``min_match`` tokens), the lookup's own tree and
+        the model drafter rests, as chains do (rows without a continuation draft nothing that pass); otherwise the model drafter's tree with the lookup's
+        best continuation merged in as one more branch of the root (shared prefixes merge; the model's nodes keep
+        their indices, so it commits its own part).
+
+        Why the first case: running the model drafter on passes the lookup covers is what made composite trees
+        lose to composite chains on copy-heavy text (Spec-Bench summarization and RAG, int8 self-copy: 1.07x
+        against 1.31x ``hf``, BENCHMARKS.md section 13)."""
+        branches = self.lookup.branches(rows, shape.depth, 1)
+        if shape.depth > 0 and any(branch and len(branch[0]) >= self.min_match for branch in branches):
+            self.lookup_steps += 1
+            return self.lookup.propose_tree(rows, shape, ctx)
+        self.model_steps += 1
         tree = self.model_drafter.propose_tree(rows, shape, ctx)
         merged = []
-        for b, branch in enumerate(self.lookup.branches(rows, shape.depth, 1)):
+        for b, branch in enumerate(branches):
             own = RowTree.from_tree(tree, b)
             size = len(own)
             if branch and len(branch[0]) >= self.min_match:
