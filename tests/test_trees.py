@@ -194,14 +194,18 @@ def test_multi_draft_rejection_sampling_is_exact_and_the_test_has_power(drawn, m
     assert _chi2(counts, expected, trials) < ALPHA, "the test must catch a rule that skips the residual"
 
 
-@pytest.mark.parametrize("tree", ["static", "dynamic"])
+@pytest.mark.parametrize("tree", ["static", "dynamic", "auto"])
 def test_tree_sampling_follows_the_verifier_end_to_end(tree, monkeypatch):
+    """``auto`` too: its trees change shape with what it learns (edge calibration, frontier pruning) from pass to
+    pass, which must not bias the samples."""
     verifier = _tiny_vocab_model(0)
     prompt = torch.tensor([[3, 1, 4]])
     sampling = dict(temperature=0.8, top_k=0, top_p=1.0)
     exact = _exact_joint(verifier, prompt, 3, **sampling)
-    config = {"mode": "dynamic", "top_k": 3, "depth": 2, "total_tokens": 6} if tree == "dynamic" else [[0], [1], [2], [0, 0], [1, 0]]
-    spec = specdec.SpeculativeModel(verifier, perturbed_copy(verifier, 0.3), tree=config)
+    config = {"mode": "dynamic", "top_k": 3, "depth": 2, "total_tokens": 6} if tree == "dynamic" else \
+        "auto" if tree == "auto" else [[0], [1], [2], [0, 0], [1, 0]]
+    auto = dict(tree_cost=FLAT, tree_draft_step=0.001) if tree == "auto" else {}
+    spec = specdec.SpeculativeModel(verifier, perturbed_copy(verifier, 0.3), tree=config, **auto)
 
     def sample():
         gen, counts = torch.Generator().manual_seed(42), {}
@@ -212,7 +216,7 @@ def test_tree_sampling_follows_the_verifier_end_to_end(tree, monkeypatch):
         return counts
 
     counts = sample()
-    assert spec.last_stats.accepted > 0
+    assert spec.last_stats.accepted > 0 and spec.last_stats.mean_tree_tokens > 1.5  # trees, not chains of one
     assert _chi2(counts, exact, sum(counts.values())) > ALPHA
     if tree == "static":
         return  # one negative control end to end
