@@ -7,6 +7,8 @@ Takes the first ``--batches`` batches of epoch 0's order over the first ``--shar
 batches of ``--batch-tokens`` padded tokens, as training groups them) and times forward, backward and the AdamW
 step of a freshly initialised EAGLE-3 head (the loss of the slots a step scores, bf16 autocast), each batch
 ``--repeats`` times, keeping the best. ``--profile`` adds a ``torch.profiler`` table of the top operators.
+``--trim-every N`` returns the heap's free pages to the kernel every N steps, as train-head does on a CPU (the cost
+of doing so; run it under ``/usr/bin/time -f %M`` for the peak memory).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from specdec.heads import HeadConfig
 from specdec.models import load_model
 from specdec.training.features import FeatureSet
+from specdec.training.heap import release_free_memory
 from specdec.training.train import _batches, collate, draft_vocabulary, head_loss, init_head
 
 
@@ -38,6 +41,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--trim-every", type=int, default=0, help="release the heap's free pages every N steps (0: never)")
     args = ap.parse_args()
 
     model, _ = load_model("smollm2")
@@ -64,8 +68,12 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
         optimizer.step()
         optimizer.zero_grad()
+        done[0] += 1
+        if args.trim_every and done[0] % args.trim_every == 0:
+            release_free_memory()
         return stats
 
+    done = [0]
     rows = []
     for b in batches:
         batch = collate(features, b, device)

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from specdec.heads.config import HeadConfig
 from specdec.heads.modules import EagleHead, KeyValues
 from specdec.training.features import FeatureSet
-from specdec.training.heap import pin_mmap_threshold
+from specdec.training.heap import TRIM_EVERY, release_free_memory
 from specdec.training.soft_ce import soft_cross_entropy
 
 
@@ -364,8 +364,6 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     from accelerate.utils import set_seed
 
     accelerator = Accelerator(mixed_precision=config.mixed_precision, cpu=verifier.device.type == "cpu")
-    if accelerator.device.type == "cpu":  # host-side steps: without it the heap fragments to 3-4x (module doc)
-        pin_mmap_threshold()
     set_seed(config.seed)
     keep = None
     if head_config.kind == "eagle3":
@@ -415,6 +413,8 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         schedule.step()
         optimizer.zero_grad()
         step += 1
+        if accelerator.device.type == "cpu" and step % TRIM_EVERY == 0:  # the heap grows 3-4x otherwise (heap.py)
+            release_free_memory()
         history.append({"step": step, "loss": float(loss.detach()),
                         **{k: v for k, v in stats.items() if k.startswith(("acc_", "loss_"))}})
         bar.update(1)
