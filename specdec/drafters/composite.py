@@ -75,9 +75,9 @@ class CompositeDrafter(Drafter):
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
         """Where a row's text repeats (a continuation of at least ``min_match`` tokens), the lookup's own tree and
-        the model drafter rests, as chains do (rows without a continuation draft nothing that pass); otherwise the model drafter's tree with the lookup's
-        best continuation merged in as one more branch of the root (shared prefixes merge; the model's nodes keep
-        their indices, so it commits its own part).
+        the model drafter rests, as chains do (rows without a continuation draft nothing that pass); otherwise
+        the model drafter's tree with the lookup's best continuation merged in as one more branch of the root
+        (shared prefixes merge; the model's nodes keep their indices, so it commits its own part).
 
         Why the first case: running the model drafter on passes the lookup covers is what made composite trees
         lose to composite chains on copy-heavy text (Spec-Bench summarization and RAG, int8 self-copy: 1.07x

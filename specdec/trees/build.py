@@ -93,9 +93,10 @@ class _Candidates:
         self.fed_count = 0
         self.passes = 0
 
-    def add(self, tok: torch.Tensor, par: torch.Tensor, val: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
-        """Append children ``[B, M]`` of candidates ``par`` (-1: root), ``rank`` among their siblings; returns
-        their candidate ids ``[B, M]``."""
+    def add(self, tok: torch.Tensor, par: torch.Tensor, val: torch.Tensor,
+            rank: torch.Tensor | None = None) -> torch.Tensor:
+        """Append children ``[B, M]`` of candidates ``par`` (-1: root), ``rank`` among their siblings (needed
+        with a sizer); returns their candidate ids ``[B, M]``."""
         batch, m = tok.shape
         start = self.tok.shape[1]
         root = par < 0
@@ -112,7 +113,7 @@ class _Candidates:
             w = (parent_w + self.sizer.log_acceptance(rank, val - parent_val)).nan_to_num(nan=float("-inf"))
         self.w = torch.cat([self.w, w], 1)
         self.tok, self.par = torch.cat([self.tok, tok], 1), torch.cat([self.par, par], 1)
-        self.val, self.depth = torch.cat([self.val, val.float()], 1), torch.cat([self.depth, depth], 1)
+        self.val, self.depth = torch.cat([self.val, val], 1), torch.cat([self.depth, depth], 1)
         self.fed = torch.cat([self.fed, torch.full_like(tok, -1)], 1)
         self.vis = torch.cat([self.vis, vis], 1)
         return torch.arange(start, start + m, device=self.device).expand(batch, m)
@@ -203,8 +204,7 @@ def _static(root: torch.Tensor, cands: _Candidates, expand: Expander, shape: Tre
             base = cands.val[:, parent] if d > 1 else torch.zeros(batch, device=device)
             par = torch.full((batch, 1), parent, dtype=torch.long, device=device)
             rank = path[-1]
-            ranked_as = torch.full((batch, 1), rank, dtype=torch.long, device=device)
-            ids[path] = int(cands.add(t[:, rank : rank + 1], par, (base + v[:, rank]).unsqueeze(1), ranked_as)[0, 0])
+            ids[path] = int(cands.add(t[:, rank : rank + 1], par, (base + v[:, rank]).unsqueeze(1))[0, 0])
     chosen = torch.arange(cands.tok.shape[1], device=device).expand(batch, -1)
     return cands.tree(chosen)
 

@@ -217,7 +217,10 @@ class TreeSizer:
     def weights(self, parents: list[int], values: list[float]) -> list[float]:
         """Each node's weight in one row's tree (``values``: cumulative draft probabilities): the product of
         its path's edge acceptances. Never more than its parent's, so the heaviest nodes are ancestor-closed."""
-        rank, edge = edges(parents, values)
+        return self._path_products(parents, *edges(parents, values))
+
+    def _path_products(self, parents: list[int], rank: list[int], edge: list[float]) -> list[float]:
+        """:meth:`weights` from the row's :func:`edges`."""
         g = self.edges.acceptance(torch.tensor(rank, dtype=torch.long, device="cpu"),
                                   torch.tensor(edge, dtype=torch.float32, device="cpu")).tolist()
         out: list[float] = []
@@ -256,8 +259,8 @@ class TreeSizer:
         predicted = accepted = 0.0
         for b in range(len(parents)):  # filler nodes are children of the root with value 0: ranked last
             on = {i for i in paths[b] if i >= 0}
-            weight = self.weights(parents[b], values[b])
             rank, edge = edges(parents[b], values[b])
+            weight = self._path_products(parents[b], rank, edge)
             predicted += sum(w for w, ok in zip(weight, valid[b]) if ok)
             accepted += len(on)
             for i, par in enumerate(parents[b]):
