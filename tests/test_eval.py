@@ -564,3 +564,35 @@ def test_eval_compile_verifier_primes_before_timing_and_reports_it(tiny_dirs, tm
     assert "priming their graphs took" in (tmp_path / "report.md").read_text()
     with pytest.raises(SystemExit):
         eval_main(argv[:-1] + ["sometimes"])
+
+
+@pytest.mark.parametrize("seeding", ["generator", "global"])
+def test_seeding_passes_a_generator_or_seeds_torch(tiny, tmp_path, monkeypatch, seeding):
+    """``seeding="global"`` makes the call users make without a generator (``tree="auto"`` and adaptive ``k`` then
+    learn from the clock): no generator, torch's global RNG seeded with the prompt's seed; the default passes a
+    seeded generator. The choice is recorded in ``eval_config.json``; an unknown one is refused before any work."""
+    import json
+
+    import specdec.api
+
+    model, tok = tiny
+    seen = []
+    real = specdec.api.SpeculativeModel.generate
+
+    def spy(self, *args, generator=None, **kwargs):
+        seen.append((generator, torch.random.get_rng_state().clone()))
+        return real(self, *args, generator=generator, **kwargs)
+
+    monkeypatch.setattr(specdec.api.SpeculativeModel, "generate", spy)
+    config = EvalConfig(out_dir=tmp_path, draft=[DRAFT], num_draft_tokens=2, baselines=["hf"], max_new_tokens=4,
+                        do_sample=True, temperature=0.8, seed=3, seeding=seeding, progress=False, plots=False,
+                        warmup=False)
+    run_eval(model, tok, ["Tell me a story."], config)
+    generator, state = seen[-1]
+    if seeding == "global":
+        assert generator is None and torch.equal(state, torch.manual_seed(3).get_state())
+    else:
+        assert isinstance(generator, torch.Generator) and generator.initial_seed() == 3
+    assert json.loads((tmp_path / "eval_config.json").read_text())["seeding"] == seeding
+    with pytest.raises(ValueError, match="seeding must be one of"):
+        run_eval(model, tok, ["x"], EvalConfig(methods=["hf"], out_dir=tmp_path / "bad", seeding="per-call"))

@@ -197,7 +197,7 @@ def test_multi_draft_rejection_sampling_is_exact_and_the_test_has_power(drawn, m
 @pytest.mark.parametrize("tree", ["static", "dynamic", "auto"])
 def test_tree_sampling_follows_the_verifier_end_to_end(tree, monkeypatch):
     """``auto`` too: its trees change shape with what it learns (edge calibration, frontier pruning) from pass to
-    pass, which must not bias the samples."""
+    pass, which must not bias the samples (its tree arm here; sampled chains: the mixing test below)."""
     verifier = _tiny_vocab_model(0)
     prompt = torch.tensor([[3, 1, 4]])
     sampling = dict(temperature=0.8, top_k=0, top_p=1.0)
@@ -206,6 +206,7 @@ def test_tree_sampling_follows_the_verifier_end_to_end(tree, monkeypatch):
         "auto" if tree == "auto" else [[0], [1], [2], [0, 0], [1, 0]]
     auto = dict(tree_cost=FLAT, tree_draft_step=0.001) if tree == "auto" else {}
     spec = specdec.SpeculativeModel(verifier, perturbed_copy(verifier, 0.3), tree=config, **auto)
+    _force_arms(monkeypatch, ["tree"])
 
     def sample():
         gen, counts = torch.Generator().manual_seed(42), {}
@@ -223,6 +224,129 @@ def test_tree_sampling_follows_the_verifier_end_to_end(tree, monkeypatch):
     monkeypatch.setattr(tree_accept, "residual", lambda p, q, token: p)
     counts = sample()
     assert _chi2(counts, exact, sum(counts.values())) < ALPHA, "the test must catch a rule that skips the residual"
+
+
+def _force_arms(monkeypatch, arms: list[str], greedy_too: bool = False) -> None:
+    """``auto``'s chain-or-tree choice made to follow ``arms`` in turn (per call's sizer, from the first pass)."""
+    from specdec.trees import arms as arms_module
+    from specdec.trees.plan import TreePlan
+
+    def pick(self):
+        turn = getattr(self, "_turn", 0)
+        self._turn = turn + 1
+        return arms[turn % len(arms)]
+
+    monkeypatch.setattr(arms_module.ChainOrTree, "pick", pick)
+    if greedy_too:
+        monkeypatch.setattr(TreePlan, "_weighs_arms", lambda self, ctx: self.sizer is not None)
+
+
+NEW = 5
+
+
+def test_composite_tree_sampling_follows_the_verifier_where_the_lookup_drafts(monkeypatch):
+    """A composite tree pass where a row's text repeats is the lookup's own tree (deterministic nodes, the model
+    drafter rests); elsewhere the model's tree with the lookup's branch merged in. Over five sampled tokens after a
+    repeating prompt, both kinds of pass occur and the joint law is the verifier's; skipping the residual is caught."""
+    verifier = _tiny_vocab_model(0)
+    prompt = torch.tensor([[3, 1, 4, 3, 1]])
+    sampling = dict(temperature=0.8, top_k=0, top_p=1.0)
+    exact = _exact_joint(verifier, prompt, NEW, **sampling)
+    config = {"mode": "dynamic", "top_k": 2, "depth": 2, "total_tokens": 4}
+    spec = specdec.SpeculativeModel(verifier, CompositeDrafter(ModelDrafter(perturbed_copy(verifier, 0.3))), tree=config)
+
+    def sample():
+        gen, counts, steps = torch.Generator().manual_seed(5), {}, {"lookup_steps": 0, "model_steps": 0}
+        for _ in range(4):
+            out = spec.generate(prompt.expand(1500, -1), max_new_tokens=NEW, do_sample=True, generator=gen, **sampling)
+            for r in out[:, prompt.shape[1]:].tolist():
+                counts[tuple(r)] = counts.get(tuple(r), 0) + 1
+            for key in steps:
+                steps[key] += spec.last_stats.drafter_stats[key]
+        return counts, steps
+
+    counts, steps = sample()
+    assert steps["lookup_steps"] >= 1 and steps["model_steps"] >= 1, steps
+    assert _chi2(counts, exact, sum(counts.values())) > ALPHA
+    monkeypatch.setattr(tree_accept, "residual", lambda p, q, token: p)
+    counts, _ = sample()
+    assert _chi2(counts, exact, sum(counts.values())) < ALPHA, "the test must catch a rule that skips the residual"
+
+
+
+
+def test_auto_sampling_mixing_sampled_chains_and_trees_follows_the_verifier(monkeypatch):
+    """Under sampling ``auto`` drafts a sampled chain or a tree per pass (:mod:`specdec.trees.arms`): passes of both,
+    in turn, over five new tokens follow the verifier's joint law; a chain rule that
+    takes the drafter's ``q`` for the verifier's ``p`` (accepts every draft) is caught."""
+    from specdec import verification
+
+    verifier = _tiny_vocab_model(0)
+    prompt = torch.tensor([[3, 1, 4]])
+    sampling = dict(temperature=0.8, top_k=0, top_p=1.0)
+    exact = _exact_joint(verifier, prompt, NEW, **sampling)
+    spec = specdec.SpeculativeModel(verifier, perturbed_copy(verifier, 0.3), tree="auto", tree_cost=STEEP,
+                                    tree_draft_step=0.001)
+    _force_arms(monkeypatch, ["chain", "tree"])
+
+    def sample():
+        gen, counts = torch.Generator().manual_seed(7), {}
+        for _ in range(4):
+            out = spec.generate(prompt.expand(1500, -1), max_new_tokens=NEW, do_sample=True, generator=gen, **sampling)
+            for r in out[:, 3:].tolist():
+                counts[tuple(r)] = counts.get(tuple(r), 0) + 1
+        return counts
+
+    counts = sample()
+    arms = spec.last_stats.tree["chain_or_tree"]["passes"]
+    assert arms["chain"] >= 1 and arms["tree"] >= 1, arms
+    assert _chi2(counts, exact, sum(counts.values())) > ALPHA
+    real = verification.rejection_accept
+
+    def drafters_law(drafts, q, p, gen):  # the verifier's p replaced by q at the drafted positions
+        return real(drafts, q, torch.cat([q, p[:, q.shape[1]:]], dim=1), gen)
+
+    monkeypatch.setattr(verification, "rejection_accept", drafters_law)
+    counts = sample()
+    assert _chi2(counts, exact, sum(counts.values())) < ALPHA, "the test must catch a chain rule without the ratio"
+
+
+@pytest.mark.parametrize("drafter", ["model", "eagle", "lookup", "composite", "layer-skip"])
+def test_greedy_identity_when_auto_mixes_chains_and_trees(drafter, monkeypatch):
+    """Chain passes between tree passes (what ``auto`` does under sampling, forced here under greedy decoding so that
+    the output must equal ``generate``'s): every drafter's caches stay right across the switch, at batch 1 and 3."""
+    model = make_model("llama")
+    _force_arms(monkeypatch, ["tree", "chain", "chain", "tree"], greedy_too=True)
+    for batch in (1, 3):
+        draft = {"model": lambda: perturbed_copy(model, 0.05),
+                 "eagle": lambda: EagleDrafter(_random_head(model, "eagle3"), model),
+                 "lookup": lambda: PromptLookupDrafter(),
+                 "composite": lambda: CompositeDrafter(ModelDrafter(perturbed_copy(model, 0.05))),
+                 "layer-skip": lambda: "layer-skip:1"}[drafter]()
+        stats = _identical(model, draft, batch, "auto", new=32, tree_cost=FLAT, tree_draft_step=0.001)
+        arms = stats.tree["chain_or_tree"]["passes"]
+        assert arms["chain"] >= 2 and arms["tree"] >= 2, arms
+
+
+def test_chain_or_tree_takes_the_better_arm_and_explores_the_other():
+    from specdec.trees.arms import EXPLORE, ChainOrTree
+
+    arms = ChainOrTree()
+    assert [arms.pick(), arms.pick()] == ["chain", "chain"]  # the chain first, until it has a pass
+    arms.observe("chain", 5, [5, 4], 0.10)  # 5.5 tokens in 0.1 s
+    assert [arms.pick() for _ in range(EXPLORE + 1)] == ["chain"] * EXPLORE + ["tree"]  # the tree: at the first turn
+    arms.observe("tree", 0, [2, 3], 0.10)  # 3.5 tokens in 0.1 s
+    assert arms.acceptance == pytest.approx(0.8 * 0.7 + 0.2 * 9 / 10)  # 9 accepted in 10 trials (one rejection)
+    picks = [arms.pick() for _ in range(EXPLORE + 1)]
+    assert picks == ["chain"] * EXPLORE + ["tree"]
+    for _ in range(20):  # the tree becomes the better arm
+        arms.observe("tree", 0, [8, 8], 0.10)
+    assert arms.pick() == "tree"
+    assert arms.to_dict()["passes"] == {"chain": 1, "tree": 21}
+    sure, unsure = ChainOrTree(), ChainOrTree()
+    sure.acceptance, unsure.acceptance = 0.95, 0.2
+    assert sure.chain_length(8, STEEP, 0.001) > unsure.chain_length(8, STEEP, 0.001) == 1
+    assert sure.chain_length(8, FLAT, 0.001) == 8
 
 
 def test_auto_follows_the_measured_cost():

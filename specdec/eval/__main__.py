@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from specdec.draft_spec import forms
+from specdec.eval.config import SEEDING
 from specdec.eval.methods import BASELINE_KINDS, DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
 
 DEFAULT_OUT = "specdec-eval"
@@ -109,6 +110,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     gen.add_argument("--temperature", type=float, default=None)
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
+    gen.add_argument("--seeding", choices=SEEDING, default="generator",
+                     help="how specdec's sampled calls take the seed: a seeded generator per call (default: "
+                          "reproducible, tree=auto and adaptive k size from cost models) or global (torch.manual_seed, "
+                          "no generator: the call most users make, learning from the clock across calls)")
     gen.add_argument("--no-chat-template", action="store_true", help="feed prompts raw instead of as a chat turn")
     gen.add_argument("--batch-size", type=_positive, default=1,
                      help="prompts per generate call, left padded into one batch (default: 1); with more, "
@@ -192,7 +197,7 @@ def run_eval(args: argparse.Namespace) -> int:
     config = EvalConfig(
         out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens, baselines=args.baselines,
         adaptive=args.adaptive, tree=args.tree, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
-        temperature=args.temperature, top_p=args.top_p, seed=args.seed, chat=not args.no_chat_template,
+        temperature=args.temperature, top_p=args.top_p, seed=args.seed, seeding=args.seeding, chat=not args.no_chat_template,
         prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size,
         compile_drafter=args.compile_drafter, compile_verifier={None: False, "on": True, "both": "both"}[args.compile_verifier], warmup=not args.no_warmup, progress=not args.no_progress,
         plots=not args.no_plots, overwrite=args.overwrite, model_name=args.model, dataset=str(dataset),

@@ -18,6 +18,9 @@ from specdec.eval.methods import (
     plan_methods,
 )
 
+#: how specdec's sampled eval calls are seeded (``EvalConfig.seeding``)
+SEEDING = ("generator", "global")
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -45,6 +48,10 @@ class EvalConfig:
             summary entry has ``mean_draft_length`` (draft tokens proposed per verifier pass).
         max_new_tokens, do_sample, temperature, top_p, seed: generation settings for every method
             (greedy by default; each prompt gets seed ``seed + index`` when sampling).
+        seeding: how specdec's sampled calls take that seed (:data:`SEEDING`): ``"generator"`` (a seeded
+            ``torch.Generator`` per call: reproducible; ``tree="auto"`` and adaptive ``k`` then size from their cost
+            models, each call afresh) or ``"global"`` (``torch.manual_seed`` and no generator, the call most users
+            make: they learn from the clock and carry what they learnt across calls).
         chat: feed prompts through the tokenizer's chat template.
         prompt_lookup_num_tokens: ``prompt_lookup_num_tokens`` of ``hf-prompt-lookup``.
         batch_size: prompts per ``generate`` call, left padded into one batch (consecutive prompts).
@@ -79,6 +86,7 @@ class EvalConfig:
     temperature: float | None = None
     top_p: float | None = None
     seed: int = 0
+    seeding: str = "generator"
     chat: bool = True
     prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS
     batch_size: int = 1
@@ -96,6 +104,8 @@ class EvalConfig:
         """Raise ``ValueError`` for settings no run can use (checked by ``run_eval`` before any work)."""
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if self.seeding not in SEEDING:
+            raise ValueError(f"seeding must be one of {SEEDING}, got {self.seeding!r}")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if self.compile_verifier not in (False, True, "both"):

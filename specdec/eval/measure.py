@@ -161,6 +161,7 @@ class Runner:
         self.method, self.model, self.extra, self.spec = method, model, dict(extra or {}), spec
         self.assistant_settings = dict(assistant_settings or {})
         self.verifier_compile_seconds: float | None = None  # compile_verifier: priming this method's graphs took
+        self.seeding = "generator"  # specdec under sampling: a seeded generator per call, or "global" (none; SEEDING)
 
     def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
                  mask: torch.Tensor | None = None) -> list[Measurement]:
@@ -208,7 +209,11 @@ class Runner:
                 setattr(config, k, v)
 
     def _specdec(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
-        generator = torch.Generator(device=ids.device).manual_seed(seed) if seed is not None else None
+        generator = None
+        if seed is not None and self.seeding == "global":  # the call users make without a generator
+            torch.manual_seed(seed)
+        elif seed is not None:
+            generator = torch.Generator(device=ids.device).manual_seed(seed)
         # an adaptive method has a SpeculativeModel of its own, built with max k = method.k: passing k per call
         # is only needed for the fixed-k methods, which share one SpeculativeModel per drafter
         k = None if self.method.adaptive else self.method.k
@@ -326,13 +331,14 @@ def restore_compile_state(model: Any) -> Iterator[None]:
 
 def build_runners(
     methods: Sequence[MethodSpec], model: Any, tokenizer: Any, prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS,
-    compile_drafter: bool = False,
+    compile_drafter: bool = False, seeding: str = "generator",
 ) -> dict[str, Runner]:
     """One runner per method; each drafter is built once and shared by its specdec and HF-assisted methods.
 
     ``compile_drafter`` compiles specdec's model drafters (not the module HF assisted generation uses:
     the compiled forward belongs to the drafter, the module is left as it is). Methods with ``compiled`` get
-    compiled verify passes (:func:`prime_verifiers` compiles them).
+    compiled verify passes (:func:`prime_verifiers` compiles them). ``seeding`` (:data:`SEEDING`): how specdec's
+    sampled calls are seeded.
     """
     from specdec.api import SpeculativeModel
 
@@ -363,6 +369,7 @@ def build_runners(
                 specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
                                               adaptive=m.adaptive, tree=m.tree, compile_verifier=m.compiled)
             runners[m.name] = Runner(m, model, spec=specs[key])
+            runners[m.name].seeding = seeding
     return runners
 
 

@@ -148,6 +148,7 @@ def _run_config(model: Any, tokenizer: Any, config: EvalConfig, methods: Sequenc
         "max_new_tokens": config.max_new_tokens, "do_sample": sampling,
         "temperature": config.temperature if sampling else None, "top_p": config.top_p if sampling else None,
         "seed": config.seed if sampling else None,
+        "seeding": config.seeding if sampling else None,
         "chat_template": bool(config.chat and getattr(tokenizer, "chat_template", None)),
         "prompt_lookup_num_tokens": (config.prompt_lookup_num_tokens
                                      if any(m.kind == HF_PROMPT_LOOKUP for m in methods) else None),
@@ -166,7 +167,8 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     usual per-prompt run. Every method gets the same left-padded batch.
     """
     needed = [m for m in methods if any(m in t[1] for t in todo)]
-    runners = build_runners(needed, model, tokenizer, config.prompt_lookup_num_tokens, config.compile_drafter)
+    runners = build_runners(needed, model, tokenizer, config.prompt_lookup_num_tokens, config.compile_drafter,
+                            config.seeding)
     gen_kwargs = config.generate_kwargs(tokenizer)
     device = getattr(model, "device", torch.device("cpu"))
     encoded = [encode_batch(tokenizer, [p.text for _, p in batch], config.chat, device) for batch, _ in todo]

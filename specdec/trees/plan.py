@@ -6,13 +6,15 @@ import torch
 
 from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows
 from specdec.trees.build import TreeShape
+from specdec.trees.tree import DraftTree
 from specdec.trees.config import TreeConfig
 from specdec.trees.sizing import TreeSizer
 
 
 class TreePlan(DraftPlan):
     """A call that drafts trees: each pass asks the drafter for a tree shaped by :meth:`shape` (a chain of
-    none when no room is left), and ``auto``'s sizer learns from each tree (:meth:`update`)."""
+    none when no room is left), and ``auto``'s sizer learns from each tree (:meth:`update`). Under sampling
+    ``auto`` drafts a sampled chain instead where that has delivered more (:mod:`specdec.trees.arms`)."""
 
     def __init__(self, config: TreeConfig, sizer: TreeSizer | None = None, new_tokens: int | None = None,
                  num_draft_tokens: int = 1) -> None:
@@ -25,6 +27,7 @@ class TreePlan(DraftPlan):
         self.config = config if new_tokens is None else config.for_call(new_tokens)
         self.sizer = sizer
         self.num_draft_tokens = num_draft_tokens
+        self._arm: str | None = None  # auto under sampling: this pass's arm, "chain" or "tree"
 
     @property
     def max_drafts(self) -> int:
@@ -43,9 +46,19 @@ class TreePlan(DraftPlan):
             raise ValueError(f"{type(drafter).__name__} cannot draft trees: use tree=None (chains) with this drafter")
 
     def propose(self, drafter: Proposer, rows: Rows, room: int, ctx: DraftContext) -> Drafts:
-        if room > 0:
-            return drafter.propose_tree(rows, self.shape(room), ctx)
-        return drafter.propose(rows, 0, ctx)  # the last token: no room for drafts
+        if room <= 0:
+            self._arm = None
+            return drafter.propose(rows, 0, ctx)  # the last token: no room for drafts
+        self._arm = self.sizer.arms.pick() if self._weighs_arms(ctx) else None
+        if self._arm == "chain":
+            limit = min(self.config.max_depth, room)
+            return drafter.propose(rows, self.sizer.arms.chain_length(limit, self.sizer.cost, self.sizer.draft_step), ctx)
+        return drafter.propose_tree(rows, self.shape(room), ctx)
+
+    def _weighs_arms(self, ctx: DraftContext) -> bool:
+        """``auto`` weighs a sampled chain against a tree under sampling only: under greedy decoding a tree holds
+        the drafter's top chain, and the sizer already values it."""
+        return self.sizer is not None and ctx.do_sample
 
     def shape(self, room: int) -> TreeShape:
         """The request for one pass, at most ``room`` tokens deep."""
@@ -53,11 +66,19 @@ class TreePlan(DraftPlan):
 
     def update(self, drafts: Drafts, accepted: torch.Tensor, draft_seconds: float, verify_seconds: float,
                drafter_forwards: int, path: torch.Tensor | None = None) -> None:
-        """Calibrate the sizer: which of the tree's nodes the verifier accepted (``path``), against their values."""
-        tree = drafts  # a chain of none on the last pass has no values
-        if self.sizer is None or tree.values is None or tree.tokens.shape[1] == 0 or path is None:
+        """Calibrate the sizer: which of the tree's nodes the verifier accepted (``path``), against their values;
+        under sampling, what the pass's arm delivered (tokens against the clock, or the cost model when seeded)."""
+        if self.sizer is None or drafts.tokens.shape[1] == 0:
             return
-        self.sizer.update(tree, path, draft_seconds, drafter_forwards)
+        if self._arm is not None:
+            n = drafts.tokens.shape[1]
+            seconds = draft_seconds + verify_seconds if self.sizer.timed else \
+                self.sizer.cost(n + 1) + drafter_forwards * self.sizer.draft_step
+            self.sizer.arms.observe(self._arm, n if self._arm == "chain" else 0, accepted.tolist(), seconds)
+        if isinstance(drafts, DraftTree) and drafts.values is not None and path is not None:
+            self.sizer.update(drafts, path, draft_seconds, drafter_forwards)
+        else:
+            self.sizer.learn_draft_step(draft_seconds, drafter_forwards)
 
     def to_dict(self) -> dict:
         """The configuration asked for (``summary.json``'s ``tree``; capping it to the call changes no tree drawn),
@@ -66,4 +87,6 @@ class TreePlan(DraftPlan):
         if self.sizer is not None:
             data.update(calibration=round(self.sizer.calibration, 4), draft_step_s=self.sizer.draft_step,
                         verify_cost=self.sizer.cost.to_dict(), edge_calibration=self.sizer.edges.to_dict())
+            if any(self.sizer.arms.passes.values()):
+                data.update(chain_or_tree=self.sizer.arms.to_dict())
         return data

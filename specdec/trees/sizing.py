@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.trees.arms import ChainOrTree
 from specdec.trees.tree import DraftTree
 from specdec.verifiers.hf import lm_head_rows
 
@@ -199,6 +200,7 @@ class TreeSizer:
     engine measures), a number fixes it (seeded calls: their tree sizes, and so their samples, must not
     depend on timing). ``max_tokens`` bounds the tree. ``edges`` learns what nodes are worth;
     ``calibration`` (reported, not used) is accepted drafts over the weights predicted: near 1 when it has.
+    ``arms``: under sampling, whether a pass drafts a sampled chain or a tree (:class:`ChainOrTree`).
     """
 
     def __init__(self, cost: VerifyCost, draft_step: float | None = None, max_tokens: int = 64) -> None:
@@ -208,6 +210,7 @@ class TreeSizer:
         self.max_tokens = max_tokens
         self.edges = EdgeCalibration()
         self.calibration = 1.0
+        self.arms = ChainOrTree()
         self._predicted = self._accepted = 0.0  # EMAs of the weights verified and the drafts accepted
 
     def log_acceptance(self, rank: torch.Tensor, edge_logp: torch.Tensor) -> torch.Tensor:
@@ -273,5 +276,10 @@ class TreeSizer:
         self._predicted = decay * self._predicted + predicted / rows
         self._accepted = decay * self._accepted + accepted / rows
         self.calibration = (self._accepted + PRIOR) / (self._predicted + PRIOR)
-        if self.timed and draft_seconds is not None and draft_passes > 0:
-            self.draft_step = 0.8 * self.draft_step + 0.2 * draft_seconds / draft_passes
+        if draft_seconds is not None:
+            self.learn_draft_step(draft_seconds, draft_passes)
+
+    def learn_draft_step(self, seconds: float, passes: int) -> None:
+        """(timed) The drafter's measured time over its ``passes`` passes, into the moving average."""
+        if self.timed and passes > 0:
+            self.draft_step = 0.8 * self.draft_step + 0.2 * seconds / passes
