@@ -89,6 +89,31 @@ def test_seeded_sampling_draws_what_eager_specdec_draws():
         assert torch.equal(a, b)
 
 
+def test_auto_sampling_switching_chains_and_trees_draws_what_eager_specdec_draws(monkeypatch):
+    """``tree="auto"`` under sampling drafts sampled chains between trees (:mod:`specdec.trees.arms`; forced in turn
+    here): compiled passes padded to the tree's widths take the chains too, and draw what eager specdec draws."""
+    from specdec.trees.arms import ChainOrTree
+
+    def pick(self):
+        self._turn = getattr(self, "_turn", -1) + 1
+        return ("chain", "tree")[self._turn % 2]
+
+    monkeypatch.setattr(ChainOrTree, "pick", pick)
+    model = make_model("llama")
+    draft = perturbed_copy(model, 0.1)
+    ids, mask = _batch(rows=3)
+    kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=True, temperature=0.9, top_k=20, pad_token_id=0)
+    auto = dict(num_draft_tokens=3, tree="auto", tree_cost=specdec.trees.sizing.VerifyCost((1, 64), (0.010, 0.011)),
+                tree_draft_step=0.001)
+    eager = specdec.SpeculativeModel(model, draft, **auto)
+    static = _spec(model, draft, True, **auto)
+    a = eager.generate(ids, generator=torch.Generator().manual_seed(7), **kwargs)
+    b = static.generate(ids, generator=torch.Generator().manual_seed(7), **kwargs)
+    assert torch.equal(a, b)
+    passes = static.last_stats.tree["chain_or_tree"]["passes"]
+    assert passes["chain"] >= 2 and passes["tree"] >= 2 and static.verifier.static.passes > 0, passes
+
+
 def test_inductor_on_the_tiny_llama_compiles_only_when_primed():
     """Real inductor graphs: exact output, and after prime_verifier no call of the primed shapes compiles."""
     from torch._dynamo.utils import counters
