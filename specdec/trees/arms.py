@@ -10,9 +10,10 @@ the device, so ``auto`` keeps both arms and measures them.
 
 Each arm's rate is a moving average of committed tokens per second over its passes: wall-clock seconds when
 the sizer learns from the clock, the sizer's cost model (verify cost curve + drafter passes) in seeded calls,
-whose choices must not depend on timing. The clock counts what the model leaves out (warpers applied per tree
-node, the rejection walk's residuals). The chain drafts first; the better arm is taken; the other (the tree, the
-first time) is tried once after ``EXPLORE`` passes of it, so a change of text (code after prose) can turn the choice.
+whose choices must not depend on timing. The clock also counts what the model leaves out (measured small:
+sampling's warpers and rejection walk are 1-3 ms of a 90-190 ms tree pass on this CPU). The chain drafts first;
+the better arm is taken; the other (the tree, the first time) is tried once after ``EXPLORE`` passes of it, so a
+change of text (code after prose) can turn the choice.
 """
 
 from __future__ import annotations
