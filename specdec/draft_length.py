@@ -41,6 +41,12 @@ class FixedDraftLength:
         pass
 
 
+def trials(proposed: int, accepted: int) -> int:
+    """Bernoulli trials in a pass of ``proposed`` drafts of which the first ``accepted`` were accepted: each accepted
+    draft, plus the rejected one (none when all were accepted)."""
+    return accepted + (1 if accepted < proposed else 0)
+
+
 def expected_tokens(a: float, k: int) -> float:
     """Expected tokens committed by a pass with ``k`` drafts and per-token acceptance ``a``."""
     if a >= 1.0:
@@ -119,9 +125,8 @@ class AdaptiveDraftLength:
     def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         if proposed <= 0:
             return
-        # Bernoulli trials until the first rejection: each accepted token, plus the rejected one.
-        trials = accepted + (1 if accepted < proposed else 0)
-        rate = accepted / trials if trials else self.acceptance
+        tried = trials(proposed, accepted)
+        rate = accepted / tried if tried else self.acceptance
         self.acceptance = self.decay * self.acceptance + (1 - self.decay) * rate
         if not self.timed:
             return

@@ -92,13 +92,9 @@ def test_seeded_sampling_draws_what_eager_specdec_draws():
 def test_auto_sampling_switching_chains_and_trees_draws_what_eager_specdec_draws(monkeypatch):
     """``tree="auto"`` under sampling drafts sampled chains between trees (:mod:`specdec.trees.arms`; forced in turn
     here): compiled passes padded to the tree's widths take the chains too, and draw what eager specdec draws."""
-    from specdec.trees.arms import ChainOrTree
+    from test_trees import _force_arms
 
-    def pick(self):
-        self._turn = getattr(self, "_turn", -1) + 1
-        return ("chain", "tree")[self._turn % 2]
-
-    monkeypatch.setattr(ChainOrTree, "pick", pick)
+    _force_arms(monkeypatch, ["chain", "tree"])
     model = make_model("llama")
     draft = perturbed_copy(model, 0.1)
     ids, mask = _batch(rows=3)

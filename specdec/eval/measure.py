@@ -157,11 +157,11 @@ class Runner:
     """Runs one method on one prompt, or on a left-padded batch of prompts."""
 
     def __init__(self, method: MethodSpec, model: Any, extra: Mapping[str, Any] | None = None, spec: Any = None,
-                 assistant_settings: Mapping[str, Any] | None = None):
+                 assistant_settings: Mapping[str, Any] | None = None, seeding: str = "generator"):
         self.method, self.model, self.extra, self.spec = method, model, dict(extra or {}), spec
         self.assistant_settings = dict(assistant_settings or {})
         self.verifier_compile_seconds: float | None = None  # compile_verifier: priming this method's graphs took
-        self.seeding = "generator"  # specdec under sampling: a seeded generator per call, or "global" (none; SEEDING)
+        self.seeding = seeding  # specdec under sampling: a seeded generator per call, or "global" (none; SEEDING)
 
     def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
                  mask: torch.Tensor | None = None) -> list[Measurement]:
@@ -368,8 +368,7 @@ def build_runners(
                     drafter.compile()  # once per drafter: its SpeculativeModels share it
                 specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
                                               adaptive=m.adaptive, tree=m.tree, compile_verifier=m.compiled)
-            runners[m.name] = Runner(m, model, spec=specs[key])
-            runners[m.name].seeding = seeding
+            runners[m.name] = Runner(m, model, spec=specs[key], seeding=seeding)
     return runners
 
 

@@ -18,7 +18,9 @@ change of text (code after prose) can turn the choice.
 
 from __future__ import annotations
 
-from specdec.draft_length import expected_tokens
+from typing import Callable
+
+from specdec.draft_length import expected_tokens, trials
 
 EXPLORE = 16  # passes of the leading arm before the other is tried once again
 DECAY = 0.8  # weight of the past in each arm's moving averages
@@ -59,7 +61,7 @@ class ChainOrTree:
         self._since += 1
         return lead
 
-    def chain_length(self, limit: int, cost, draft_step: float) -> int:
+    def chain_length(self, limit: int, cost: Callable[[int], float], draft_step: float) -> int:
         """The chain's ``k`` (1..``limit``) with the most expected tokens per modelled second at the learnt
         acceptance."""
         a = min(max(self.acceptance, 0.0), 0.999)
@@ -68,10 +70,10 @@ class ChainOrTree:
     def observe(self, arm: str, drafted: int, accepted: list[int], seconds: float) -> None:
         """One pass of ``arm``: ``drafted`` drafts per row (a chain's ``k``), ``accepted`` per row, ``seconds``."""
         tokens = sum(a + 1 for a in accepted) / max(len(accepted), 1)
-        if arm == "chain" and drafted > 0:  # Bernoulli trials until the first rejection, as AdaptiveDraftLength
-            trials = sum(a + (1 if a < drafted else 0) for a in accepted)
-            if trials:
-                self.acceptance = DECAY * self.acceptance + (1 - DECAY) * sum(accepted) / trials
+        if arm == "chain" and drafted > 0:  # Bernoulli trials until the first rejection, per row
+            tried = sum(trials(drafted, a) for a in accepted)
+            if tried:
+                self.acceptance = DECAY * self.acceptance + (1 - DECAY) * sum(accepted) / tried
         if arm in self.tokens:
             self.tokens[arm] = DECAY * self.tokens[arm] + (1 - DECAY) * tokens
             self.seconds[arm] = DECAY * self.seconds[arm] + (1 - DECAY) * seconds
@@ -81,5 +83,5 @@ class ChainOrTree:
 
     def to_dict(self) -> dict:
         """What the call's statistics report: passes per arm, their rates, the chain's learnt acceptance."""
-        rates = {arm: None if self.rate(arm) is None else round(self.rate(arm), 2) for arm in ("chain", "tree")}
+        rates = {arm: None if arm not in self.tokens else round(self.rate(arm), 2) for arm in ("chain", "tree")}
         return {"passes": dict(self.passes), "tokens_per_s": rates, "chain_acceptance": round(self.acceptance, 3)}

@@ -6,9 +6,9 @@ import torch
 
 from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows
 from specdec.trees.build import TreeShape
-from specdec.trees.tree import DraftTree
 from specdec.trees.config import TreeConfig
 from specdec.trees.sizing import TreeSizer
+from specdec.trees.tree import DraftTree
 
 
 class TreePlan(DraftPlan):
