@@ -310,8 +310,9 @@ def _self_distilled(model, count: int, prompt_len: int = 6, new: int = 40, seed:
     return samples
 
 
-def _dense_head_loss(head, batch, embed, target_head, steps):
-    """head_loss as first written: draft and target logits at every slot, then masked (the reference)."""
+def _dense_head_loss(head, batch, embed, target_head, steps, prompt_weight=0.0):
+    """head_loss as first written: draft and target logits at every slot, then masked (the reference); with
+    ``prompt_weight``, prompt slots whose chain starts at a real slot weigh that much against a response slot."""
     from torch import nn
     from specdec.training.train import ttt_outputs
 
@@ -332,10 +333,11 @@ def _dense_head_loss(head, batch, embed, target_head, steps):
         response = real & (slot - s >= first)
         mask = response & in_vocab
         count = mask.sum().clamp(min=1)
-        loss = ((-(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)) * mask).sum() / count
+        weight = mask.float() + prompt_weight * (real & (slot >= s) & ~response & in_vocab).float()
+        loss = ((-(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)) * weight).sum() / weight.sum().clamp(min=1)
         if not eagle3:
             regression = nn.functional.smooth_l1_loss(out, final[:, 1:], reduction="none").mean(-1)
-            loss = (regression * mask).sum() / count + 0.1 * loss
+            loss = (regression * weight).sum() / weight.sum().clamp(min=1) + 0.1 * loss
         total = total + (0.8 ** s) * loss
         guess = logits.argmax(-1)
         guess = ids_t[guess] if eagle3 else guess
@@ -344,10 +346,11 @@ def _dense_head_loss(head, batch, embed, target_head, steps):
     return total, stats
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
-def test_head_loss_scores_the_response_slots_as_the_dense_loss_does(kind):
-    """head_loss projects only the slots it scores (response slots, not prompt or padding ones): loss, statistics
-    and gradients equal the dense loss's, at every training-time step."""
+@pytest.mark.parametrize("kind,prompt_weight", [("eagle3", 0.0), ("eagle", 0.0), ("eagle3", 0.5), ("eagle", 0.5)])
+def test_head_loss_scores_the_response_slots_as_the_dense_loss_does(kind, prompt_weight):
+    """head_loss projects only the slots it scores (response slots, not prompt or padding ones; prompt slots too
+    with a prompt weight): loss, statistics and gradients equal the dense loss's, at every training-time step; the
+    statistics stay over response slots whatever the weight."""
     from specdec.training.train import head_loss
 
     model = make_model("llama")
@@ -364,10 +367,13 @@ def test_head_loss_scores_the_response_slots_as_the_dense_loss_does(kind):
     results = []
     for loss_fn in (head_loss, _dense_head_loss):
         head.zero_grad()
-        loss, stats = loss_fn(head, batch, embed, target_head, 4)
+        loss, stats = loss_fn(head, batch, embed, target_head, 4, prompt_weight=prompt_weight)
         loss.backward()
         results.append((loss.detach(), stats, [p.grad.clone() for p in head.parameters() if p.grad is not None]))
     (loss, stats, grads), (dense_loss, dense_stats, dense_grads) = results
+    responses_only, responses_stats = head_loss(head, batch, embed, target_head, 4)
+    assert (abs(float(responses_only.detach()) - float(loss)) > 1e-4) == bool(prompt_weight)  # the prompt slots count
+    assert all(abs(stats[k] - responses_stats[k]) < 1e-6 for k in stats if not k.startswith("loss_"))
     torch.testing.assert_close(loss, dense_loss)
     assert stats.keys() == dense_stats.keys() and all(abs(stats[k] - dense_stats[k]) < 1e-5 for k in stats), (stats, dense_stats)
     assert stats["all_0"] == 8 + 2 + 2 and stats.get("all_1", 9) == 12 - 3  # later steps score fewer (a row's first s go)

@@ -96,6 +96,7 @@ def test_pipeline_resumes_on_the_same_model_object(tiny, tmp_path):
     (["--kind", "eagle"], "--kind eagle3, not eagle"),
     (["--ttt-steps", "2"], "--ttt-steps 3, not 2"),
     (["--seed", "3"], "--seed 0, not 3"),
+    (["--prompt-weight", "0.5"], "--prompt-weight 0.0, not 0.5"),
 ])
 def test_rerun_with_other_settings_is_refused_in_one_line(tiny, finished, tmp_path, capsys, flags, named):
     out = _copy(finished, tmp_path)
@@ -103,6 +104,22 @@ def test_rerun_with_other_settings_is_refused_in_one_line(tiny, finished, tmp_pa
     assert _train(tiny, out, *flags) == 2
     line = _one_line_error(capsys)
     assert named in line and "--overwrite" in line and str(out) in line
+
+
+def test_a_record_from_before_prompt_weight_stands_for_zero(tiny, finished, tmp_path, capsys):
+    """Runs recorded before --prompt-weight existed trained on responses only: they resume without the flag and
+    refuse another weight."""
+    import json
+
+    out = _copy(finished, tmp_path)
+    path = out / "work" / "settings.json"
+    record = json.loads(path.read_text())
+    del record["stages"]["training"]["prompt_weight"]
+    path.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert _train(tiny, out, "--prompt-weight", "0.5") == 2
+    assert "--prompt-weight 0.0, not 0.5" in _one_line_error(capsys)
+    assert _train(tiny, out) == 0
 
 
 def test_rerun_with_another_model_of_the_same_shapes_is_refused(tiny, finished, tmp_path, capsys):
@@ -226,6 +243,7 @@ def test_pipeline_writes_no_half_files(tiny, finished, tmp_path, monkeypatch):
     ("one-prompt", "at least 2"),
     ("draft-vocab-negative", "--draft-vocab"),
     ("ttt-steps-0", "--ttt-steps"),
+    ("prompt-weight-negative", "--prompt-weight must be >= 0"),
 ])
 def test_bad_inputs_fail_in_one_line_before_the_model_loads(tiny, tmp_path, capsys, monkeypatch, case, expected):
     import specdec.models
@@ -246,6 +264,8 @@ def test_bad_inputs_fail_in_one_line_before_the_model_loads(tiny, tmp_path, caps
         extra = ["--draft-vocab", "-5"]
     elif case == "ttt-steps-0":
         extra = ["--ttt-steps", "0"]
+    elif case == "prompt-weight-negative":
+        extra = ["--prompt-weight", "-1"]
     argv = ["train-head", "--model", str(tiny / "m0"), "--data", str(data), "--out", str(out), *_FAST, *extra]
     try:
         code = main(argv)

@@ -35,6 +35,9 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
     p.add_argument("--warmup", type=int, default=50, help="optimizer steps of linear learning-rate warm-up")
     p.add_argument("--noise", type=float, default=0.0, help="uniform noise on the verifier features, times their RMS")
+    p.add_argument("--prompt-weight", type=float, default=0.0,
+                   help="score the prompt slots too, at this weight against a response slot (fixed text with the "
+                        "verifier's soft targets; 0: responses only)")
     p.add_argument("--patience", type=int, default=0,
                    help="stop after this many epochs without a better validation score (0: every epoch)")
     p.add_argument("--seed", type=int, default=0)
@@ -65,6 +68,8 @@ def _check_numbers(args: argparse.Namespace) -> str | None:
             return f"{flag} must be {'>= 0' + zero[name] if name in zero else 'positive'}, got {value}"
     if args.noise < 0:
         return f"--noise must be >= 0, got {args.noise:g}"
+    if not args.prompt_weight >= 0:
+        return f"--prompt-weight must be >= 0, got {args.prompt_weight:g}"
     if not 0 <= args.sampled <= 1:
         return f"--sampled must be in [0, 1], got {args.sampled:g}"
     if not 0 < args.heldout < 1:
@@ -120,7 +125,7 @@ def run_train_head(args: argparse.Namespace) -> int:
         train=TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab or None, epochs=args.epochs,
                           batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, seed=args.seed,
                           save_every=args.save_every, mixed_precision=args.mixed_precision, warmup=args.warmup,
-                          noise=args.noise, patience=args.patience))
+                          noise=args.noise, patience=args.patience, prompt_weight=args.prompt_weight))
     from accelerate import PartialState
 
     import specdec.models

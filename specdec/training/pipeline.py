@@ -170,13 +170,15 @@ def stage_settings(config: PipelineConfig, data: list[TrainPrompt], model_name: 
                           "self_prompts": config.self_prompts, "seed": t.seed, "kind": t.kind}
     training = {"heldout": config.heldout, "epochs": t.epochs, "batch_tokens": t.batch_tokens, "lr": t.lr,
                 "warmup": t.warmup, "grad_clip": t.grad_clip, "mixed_precision": t.mixed_precision, "noise": t.noise,
-                "patience": t.patience}
+                "patience": t.patience, "prompt_weight": t.prompt_weight}
     if t.kind == "eagle3":  # an EAGLE head has neither
         training.update(draft_vocab=t.draft_vocab or 0, ttt_steps=t.ttt_steps)
     stages["training"] = {**stages["features"], **training}
     return stages
 
 
+#: settings recorded since a later version, with the value a record made before them stands for
+_ADDED_LATER = {"prompt_weight": 0.0}
 _FLAGS = {"self_prompt_sampling": "the self-prompt sampling", "decoding": "decoding", "warmup": "warmup",
           "grad_clip": "gradient clipping"}
 
@@ -225,8 +227,9 @@ def check_settings(out: str | Path, stages: dict[str, dict[str, Any]]) -> None:
     differ: list[str] = []
     for stage, now in stages.items():
         for key, value in now.items():
-            if key in recorded.get(stage, {}):
-                d = _difference(key, recorded[stage][key], value)
+            then = recorded.get(stage, {})
+            if key in then or (stage in recorded and key in _ADDED_LATER):
+                d = _difference(key, then.get(key, _ADDED_LATER.get(key)), value)
                 if d is not None and d not in differ:
                     differ.append(d)
     if differ:

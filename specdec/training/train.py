@@ -53,6 +53,7 @@ class TrainConfig:
     mixed_precision: str = "no"
     noise: float = 0.0  # uniform noise on the verifier features, times their RMS (EAGLE-1 trains with some)
     patience: int = 0  # stop after this many epochs without a better validation score (0: train every epoch)
+    prompt_weight: float = 0.0  # prompt slots scored too, at this weight: fixed text with the verifier's soft targets
 
 
 def draft_vocabulary(features: FeatureSet, indices: list[int], size: int, vocab: int) -> tuple[torch.Tensor, float]:
@@ -161,13 +162,16 @@ def collate(features: FeatureSet, batch: list[int], device: torch.device) -> dic
 
 
 def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module, target_head: nn.Module,
-              ttt_steps: int, noise: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+              ttt_steps: int, noise: float = 0.0, prompt_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one batch and per-step accuracies (``acc_s``: share of the slots whose target the draft
     vocabulary holds where the draft is the verifier's greedy token; ``n_s`` those slots, ``all_s`` every
     response slot of step ``s``). ``noise``: uniform noise on the features, times their RMS (training only).
 
     Draft and target logits are computed at the scored slots only (response slots; prompt and padding slots
-    feed the head's attention but score nothing): the draft vocabulary's projection is most of a step."""
+    feed the head's attention but score nothing): the draft vocabulary's projection is most of a step.
+    ``prompt_weight`` > 0 scores the prompt slots too, at that weight against a response slot's: the prompt is
+    fixed text (often human-written) with the verifier's own distributions as soft targets (EAGLE-1's fixed-text
+    ablation). The statistics stay over response slots, so they compare across weights."""
     ids, hidden, final, top = batch["input_ids"], batch["hidden"], batch["final"], batch["top"]
     n = ids.shape[1] - 1  # slots: (feature i, token i + 1), targets from position i + 1
     dtype = head.fc.weight.dtype
@@ -178,7 +182,8 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
     slot = torch.arange(n, device=ids.device).view(1, -1)
     real = slot < (batch["lengths"] - 1).view(-1, 1)
     first = (batch["prompt_lengths"] - 1).view(-1, 1)  # the first slot that drafts a response token
-    scored = real & (slot >= first)  # step 0's response slots; step s scores a subset of them
+    # step 0's response slots (with prompt_weight, every real slot); step s scores a subset of them
+    scored = real if prompt_weight else real & (slot >= first)
     target_top, final_scored = top[:, 1:][scored], final[:, 1:][scored]  # [M], [M, H]
     with torch.no_grad():
         embeds = embed(tokens).to(dtype)
@@ -202,10 +207,15 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
         mask = response & in_vocab
         count = mask.sum().clamp(min=1)
         stats[f"n_{s}"], stats[f"all_{s}"] = float(mask.sum()), float(response.sum())
-        loss = (ce * mask).sum() / count
+        weight = mask.float()
+        if prompt_weight:  # a prompt slot's step-s chain starts at slot - s, which must be real
+            context = (real & (slot - s >= 0) & (slot - s < first))[scored] & in_vocab
+            weight = weight + prompt_weight * context.float()
+        total_weight = weight.sum().clamp(min=1)
+        loss = (ce * weight).sum() / total_weight
         if head.config.kind == "eagle":
             regression = nn.functional.smooth_l1_loss(out_s.float(), final_scored.float(), reduction="none").mean(-1)
-            loss = (regression * mask).sum() / count + 0.1 * loss
+            loss = (regression * weight).sum() / total_weight + 0.1 * loss
         total = total + (0.8 ** s) * loss
         guess = draft_ids[guess] if draft_ids is not None else guess
         stats[f"acc_{s}"] = float(((guess == target_top) & mask).sum() / count)
@@ -232,12 +242,14 @@ def ttt_outputs(head: EagleHead, embeds: torch.Tensor, feats: torch.Tensor, step
 class _WithLoss(nn.Module):
     """The head with its loss as ``forward``, so a DDP wrapper (``accelerate launch``) sees the whole step."""
 
-    def __init__(self, head: EagleHead, ttt_steps: int, noise: float = 0.0) -> None:
+    def __init__(self, head: EagleHead, ttt_steps: int, noise: float = 0.0, prompt_weight: float = 0.0) -> None:
         super().__init__()
-        self.head, self.ttt_steps, self.noise = head, ttt_steps, noise
+        self.head, self.ttt_steps, self.noise, self.prompt_weight = head, ttt_steps, noise, prompt_weight
 
     def forward(self, batch: dict[str, torch.Tensor], embed: nn.Module, target_head: nn.Module):
-        return head_loss(self.head, batch, embed, target_head, self.ttt_steps, self.noise if self.training else 0.0)
+        if not self.training:
+            return head_loss(self.head, batch, embed, target_head, self.ttt_steps)
+        return head_loss(self.head, batch, embed, target_head, self.ttt_steps, self.noise, self.prompt_weight)
 
 
 @torch.no_grad()
@@ -371,7 +383,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         keep, coverage = draft_vocabulary(features, train_idx, size, head_config.vocab_size)
         head_config.draft_vocab_size = len(keep)
         log(f"draft vocabulary: {len(keep)} tokens cover {coverage:.1%} of the training targets")
-    head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps, config.noise).to(accelerator.device)
+    head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps, config.noise, config.prompt_weight).to(accelerator.device)
     embed, target_head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
     lengths = [len(features.small(i)["input_ids"]) for i in train_idx]
     per_epoch = len(_batches(lengths, config.batch_tokens, random.Random(0)))
