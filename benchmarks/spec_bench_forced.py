@@ -21,10 +21,8 @@ from typing import Any
 
 import torch
 
+from specdec.drafters.composite import LOOKUP_NGRAMS as COMPOSITE_NGRAMS
 from specdec.drafters.prompt_lookup import lookup
-
-#: the n-gram sizes composite drafters look up (specdec.drafters.composite)
-COMPOSITE_NGRAMS = (2, 4)
 
 
 def spec_bench_responses(model: Any, tokenizer: Any, path: Path, per_group: int, new_tokens: int) -> list[dict[str, Any]]:

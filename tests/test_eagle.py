@@ -310,9 +310,10 @@ def _self_distilled(model, count: int, prompt_len: int = 6, new: int = 40, seed:
     return samples
 
 
-def _dense_head_loss(head, batch, embed, target_head, steps, prompt_weight=0.0):
+def _dense_head_loss(head, batch, embed, target_head, steps, prompt_weight=0.0, lookup_weight=1.0):
     """head_loss as first written: draft and target logits at every slot, then masked (the reference); with
-    ``prompt_weight``, prompt slots whose chain starts at a real slot weigh that much against a response slot."""
+    ``prompt_weight``, prompt slots whose chain starts at a real slot weigh that much against a response slot; with
+    ``lookup_weight``, response slots whose target ``batch["lookup"]`` drafts weigh that much."""
     from torch import nn
     from specdec.training.train import ttt_outputs
 
@@ -333,7 +334,11 @@ def _dense_head_loss(head, batch, embed, target_head, steps, prompt_weight=0.0):
         response = real & (slot - s >= first)
         mask = response & in_vocab
         count = mask.sum().clamp(min=1)
-        weight = mask.float() + prompt_weight * (real & (slot >= s) & ~response & in_vocab).float()
+        looked_up = torch.zeros_like(mask)
+        if "lookup" in batch:  # lookup[b, t] drafts position t, slot i's target is position i + 2
+            looked_up[:, : n - 1] = batch["lookup"][:, 2:] == top[:, 1:n]
+        weight = mask.float() * torch.where(looked_up, lookup_weight, 1.0)
+        weight = weight + prompt_weight * (real & (slot >= s) & ~response & in_vocab).float()
         loss = ((-(target_p * torch.log_softmax(logits, dim=-1)).sum(-1)) * weight).sum() / weight.sum().clamp(min=1)
         if not eagle3:
             regression = nn.functional.smooth_l1_loss(out, final[:, 1:], reduction="none").mean(-1)
@@ -346,8 +351,10 @@ def _dense_head_loss(head, batch, embed, target_head, steps, prompt_weight=0.0):
     return total, stats
 
 
-@pytest.mark.parametrize("kind,prompt_weight", [("eagle3", 0.0), ("eagle", 0.0), ("eagle3", 0.5), ("eagle", 0.5)])
-def test_head_loss_scores_the_response_slots_as_the_dense_loss_does(kind, prompt_weight):
+@pytest.mark.parametrize("kind,prompt_weight,lookup_weight", [
+    ("eagle3", 0.0, 1.0), ("eagle", 0.0, 1.0), ("eagle3", 0.5, 1.0), ("eagle", 0.5, 1.0), ("eagle3", 0.0, 0.25),
+    ("eagle", 0.5, 0.0)])
+def test_head_loss_scores_the_response_slots_as_the_dense_loss_does(kind, prompt_weight, lookup_weight):
     """head_loss projects only the slots it scores (response slots, not prompt or padding ones; prompt slots too
     with a prompt weight): loss, statistics and gradients equal the dense loss's, at every training-time step; the
     statistics stay over response slots whatever the weight."""
@@ -363,16 +370,20 @@ def test_head_loss_scores_the_response_slots_as_the_dense_loss_does(kind, prompt
     batch = {"input_ids": torch.randint(3, V, (3, width), generator=g), "top": torch.randint(0, V, (3, width), generator=g),
              "hidden": torch.randn(3, width, feature, generator=g), "final": torch.randn(3, width, H, generator=g),
              "lengths": lengths, "prompt_lengths": prompts}
+    # a lookup that drafts some targets right (the verifier's greedy token after that slot) and others wrong
+    batch["lookup"] = torch.full((3, width), -1, dtype=torch.long)
+    batch["lookup"][:, 2:] = torch.where(torch.rand(3, width - 2, generator=g) < 0.5, batch["top"][:, 1:-1], 1)
     embed, target_head = model.get_input_embeddings(), model.get_output_embeddings()
     results = []
     for loss_fn in (head_loss, _dense_head_loss):
         head.zero_grad()
-        loss, stats = loss_fn(head, batch, embed, target_head, 4, prompt_weight=prompt_weight)
+        loss, stats = loss_fn(head, batch, embed, target_head, 4, prompt_weight=prompt_weight, lookup_weight=lookup_weight)
         loss.backward()
         results.append((loss.detach(), stats, [p.grad.clone() for p in head.parameters() if p.grad is not None]))
     (loss, stats, grads), (dense_loss, dense_stats, dense_grads) = results
     responses_only, responses_stats = head_loss(head, batch, embed, target_head, 4)
-    assert (abs(float(responses_only.detach()) - float(loss)) > 1e-4) == bool(prompt_weight)  # the prompt slots count
+    # the prompt slots count, and the lookup's right targets weigh less
+    assert (abs(float(responses_only.detach()) - float(loss)) > 1e-4) == (bool(prompt_weight) or lookup_weight != 1.0)
     assert all(abs(stats[k] - responses_stats[k]) < 1e-6 for k in stats if not k.startswith("loss_"))
     torch.testing.assert_close(loss, dense_loss)
     assert stats.keys() == dense_stats.keys() and all(abs(stats[k] - dense_stats[k]) < 1e-5 for k in stats), (stats, dense_stats)

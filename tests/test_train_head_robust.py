@@ -97,6 +97,7 @@ def test_pipeline_resumes_on_the_same_model_object(tiny, tmp_path):
     (["--ttt-steps", "2"], "--ttt-steps 3, not 2"),
     (["--seed", "3"], "--seed 0, not 3"),
     (["--prompt-weight", "0.5"], "--prompt-weight 0.0, not 0.5"),
+    (["--lookup-weight", "0.5"], "--lookup-weight 1.0, not 0.5"),
 ])
 def test_rerun_with_other_settings_is_refused_in_one_line(tiny, finished, tmp_path, capsys, flags, named):
     out = _copy(finished, tmp_path)
@@ -106,19 +107,21 @@ def test_rerun_with_other_settings_is_refused_in_one_line(tiny, finished, tmp_pa
     assert named in line and "--overwrite" in line and str(out) in line
 
 
-def test_a_record_from_before_prompt_weight_stands_for_zero(tiny, finished, tmp_path, capsys):
-    """Runs recorded before --prompt-weight existed trained on responses only: they resume without the flag and
-    refuse another weight."""
+@pytest.mark.parametrize("key,flag,named", [("prompt_weight", "--prompt-weight", "--prompt-weight 0.0, not 0.5"),
+                                           ("lookup_weight", "--lookup-weight", "--lookup-weight 1.0, not 0.5")])
+def test_a_record_from_before_a_weight_existed_stands_for_its_default(tiny, finished, tmp_path, capsys, key, flag, named):
+    """Runs recorded before --prompt-weight and --lookup-weight existed trained on every response target alike:
+    they resume without the flags and refuse another weight."""
     import json
 
     out = _copy(finished, tmp_path)
     path = out / "work" / "settings.json"
     record = json.loads(path.read_text())
-    del record["stages"]["training"]["prompt_weight"]
+    del record["stages"]["training"][key]
     path.write_text(json.dumps(record))
     capsys.readouterr()
-    assert _train(tiny, out, "--prompt-weight", "0.5") == 2
-    assert "--prompt-weight 0.0, not 0.5" in _one_line_error(capsys)
+    assert _train(tiny, out, flag, "0.5") == 2
+    assert named in _one_line_error(capsys)
     assert _train(tiny, out) == 0
 
 
@@ -244,6 +247,7 @@ def test_pipeline_writes_no_half_files(tiny, finished, tmp_path, monkeypatch):
     ("draft-vocab-negative", "--draft-vocab"),
     ("ttt-steps-0", "--ttt-steps"),
     ("prompt-weight-negative", "--prompt-weight must be >= 0"),
+    ("lookup-weight-above-1", "--lookup-weight must be in [0, 1]"),
 ])
 def test_bad_inputs_fail_in_one_line_before_the_model_loads(tiny, tmp_path, capsys, monkeypatch, case, expected):
     import specdec.models
@@ -266,6 +270,8 @@ def test_bad_inputs_fail_in_one_line_before_the_model_loads(tiny, tmp_path, caps
         extra = ["--ttt-steps", "0"]
     elif case == "prompt-weight-negative":
         extra = ["--prompt-weight", "-1"]
+    elif case == "lookup-weight-above-1":
+        extra = ["--lookup-weight", "1.5"]
     argv = ["train-head", "--model", str(tiny / "m0"), "--data", str(data), "--out", str(out), *_FAST, *extra]
     try:
         code = main(argv)

@@ -14,6 +14,10 @@ from specdec.trees.tree import DraftTree, RowTree, pack
 from specdec.verifiers.session import CacheSession
 
 
+#: the n-gram sizes (shortest, longest) a composite's own lookup tries
+LOOKUP_NGRAMS = (2, 4)
+
+
 class CompositeDrafter(Drafter):
     """Prompt lookup when it finds a continuation of at least ``min_match`` tokens, the model drafter otherwise.
 
@@ -27,7 +31,7 @@ class CompositeDrafter(Drafter):
 
     def __init__(self, model_drafter: Drafter, lookup: PromptLookupDrafter | None = None, min_match: int = 2) -> None:
         self.model_drafter = model_drafter
-        self.lookup = lookup or PromptLookupDrafter(min_ngram=2, max_ngram=4)
+        self.lookup = lookup or PromptLookupDrafter(*LOOKUP_NGRAMS)
         self.min_match = min_match
         self.lookup_steps = self.model_steps = 0
         self.lookup_nodes = 0

@@ -38,6 +38,9 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-weight", type=float, default=0.0,
                    help="score the prompt slots too, at this weight against a response slot (fixed text with the "
                         "verifier's soft targets; 0: responses only)")
+    p.add_argument("--lookup-weight", type=float, default=1.0,
+                   help="weight of response targets that prompt lookup drafts right (below 1: a head for composite "
+                        "drafters, which draft those by lookup; 1: every target alike)")
     p.add_argument("--patience", type=int, default=0,
                    help="stop after this many epochs without a better validation score (0: every epoch)")
     p.add_argument("--seed", type=int, default=0)
@@ -70,6 +73,8 @@ def _check_numbers(args: argparse.Namespace) -> str | None:
         return f"--noise must be >= 0, got {args.noise:g}"
     if not args.prompt_weight >= 0:
         return f"--prompt-weight must be >= 0, got {args.prompt_weight:g}"
+    if not 0 <= args.lookup_weight <= 1:
+        return f"--lookup-weight must be in [0, 1], got {args.lookup_weight:g}"
     if not 0 <= args.sampled <= 1:
         return f"--sampled must be in [0, 1], got {args.sampled:g}"
     if not 0 < args.heldout < 1:
@@ -125,7 +130,7 @@ def run_train_head(args: argparse.Namespace) -> int:
         train=TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab or None, epochs=args.epochs,
                           batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, seed=args.seed,
                           save_every=args.save_every, mixed_precision=args.mixed_precision, warmup=args.warmup,
-                          noise=args.noise, patience=args.patience, prompt_weight=args.prompt_weight))
+                          noise=args.noise, patience=args.patience, prompt_weight=args.prompt_weight, lookup_weight=args.lookup_weight))
     from accelerate import PartialState
 
     import specdec.models

@@ -170,7 +170,8 @@ def stage_settings(config: PipelineConfig, data: list[TrainPrompt], model_name: 
                           "self_prompts": config.self_prompts, "seed": t.seed, "kind": t.kind}
     training = {"heldout": config.heldout, "epochs": t.epochs, "batch_tokens": t.batch_tokens, "lr": t.lr,
                 "warmup": t.warmup, "grad_clip": t.grad_clip, "mixed_precision": t.mixed_precision, "noise": t.noise,
-                "patience": t.patience, "prompt_weight": t.prompt_weight}
+                "patience": t.patience, "prompt_weight": t.prompt_weight,
+                "lookup_weight": t.lookup_weight}
     if t.kind == "eagle3":  # an EAGLE head has neither
         training.update(draft_vocab=t.draft_vocab or 0, ttt_steps=t.ttt_steps)
     stages["training"] = {**stages["features"], **training}
@@ -178,7 +179,7 @@ def stage_settings(config: PipelineConfig, data: list[TrainPrompt], model_name: 
 
 
 #: settings recorded since a later version, with the value a record made before them stands for
-_ADDED_LATER = {"prompt_weight": 0.0}
+_ADDED_LATER = {"prompt_weight": 0.0, "lookup_weight": 1.0}
 _FLAGS = {"self_prompt_sampling": "the self-prompt sampling", "decoding": "decoding", "warmup": "warmup",
           "grad_clip": "gradient clipping"}
 

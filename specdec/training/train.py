@@ -33,6 +33,7 @@ from specdec.heads.config import HeadConfig
 from specdec.heads.modules import EagleHead, KeyValues
 from specdec.training.features import FeatureSet
 from specdec.training.heap import TRIM_EVERY, release_free_memory
+from specdec.training.lookup_targets import lookup_drafts
 from specdec.training.soft_ce import soft_cross_entropy
 
 
@@ -54,6 +55,7 @@ class TrainConfig:
     noise: float = 0.0  # uniform noise on the verifier features, times their RMS (EAGLE-1 trains with some)
     patience: int = 0  # stop after this many epochs without a better validation score (0: train every epoch)
     prompt_weight: float = 0.0  # prompt slots scored too, at this weight: fixed text with the verifier's soft targets
+    lookup_weight: float = 1.0  # weight of response targets prompt lookup drafts right (a head for a composite: < 1)
 
 
 def draft_vocabulary(features: FeatureSet, indices: list[int], size: int, vocab: int) -> tuple[torch.Tensor, float]:
@@ -144,8 +146,9 @@ def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[i
     return batches
 
 
-def collate(features: FeatureSet, batch: list[int], device: torch.device) -> dict[str, torch.Tensor]:
-    """Right-padded batch tensors; ``valid[b, i]``: slot ``i`` (feature ``i``, token ``i + 1``) is real."""
+def collate(features: FeatureSet, batch: list[int], device: torch.device, lookup: bool = False) -> dict[str, torch.Tensor]:
+    """Right-padded batch tensors; ``valid[b, i]``: slot ``i`` (feature ``i``, token ``i + 1``) is real. With
+    ``lookup``, ``lookup[b, t]`` is the token prompt lookup drafts after the first ``t`` tokens (-1: none)."""
     items = [features[i] for i in batch]
     width = max(len(s["input_ids"]) for s in items)
     out = {"input_ids": torch.zeros(len(items), width, dtype=torch.long, device="cpu"),
@@ -158,11 +161,17 @@ def collate(features: FeatureSet, batch: list[int], device: torch.device) -> dic
         n = len(s["input_ids"])
         for key in ("input_ids", "top", "hidden", "final"):
             out[key][b, :n] = s[key]
+    if lookup:
+        out["lookup"] = torch.full((len(items), width), -1, dtype=torch.long, device="cpu")
+        for b, s in enumerate(items):
+            out["lookup"][b, :len(s["input_ids"])] = torch.tensor(lookup_drafts(s["input_ids"].tolist()), dtype=torch.long,
+                                                                   device="cpu")
     return {k: v.to(device) for k, v in out.items()}
 
 
 def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module, target_head: nn.Module,
-              ttt_steps: int, noise: float = 0.0, prompt_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+              ttt_steps: int, noise: float = 0.0, prompt_weight: float = 0.0, lookup_weight: float = 1.0
+              ) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one batch and per-step accuracies (``acc_s``: share of the slots whose target the draft
     vocabulary holds where the draft is the verifier's greedy token; ``n_s`` those slots, ``all_s`` every
     response slot of step ``s``). ``noise``: uniform noise on the features, times their RMS (training only).
@@ -171,7 +180,9 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
     feed the head's attention but score nothing): the draft vocabulary's projection is most of a step.
     ``prompt_weight`` > 0 scores the prompt slots too, at that weight against a response slot's: the prompt is
     fixed text (often human-written) with the verifier's own distributions as soft targets (EAGLE-1's fixed-text
-    ablation). The statistics stay over response slots, so they compare across weights."""
+    ablation). ``lookup_weight`` < 1 weighs response targets that prompt lookup drafts right (``batch["lookup"]``,
+    :func:`~specdec.training.lookup_targets.lookup_drafts`) that much: a composite drafts those by lookup and asks
+    its head only elsewhere. The statistics stay over response slots, so they compare across weights."""
     ids, hidden, final, top = batch["input_ids"], batch["hidden"], batch["final"], batch["top"]
     n = ids.shape[1] - 1  # slots: (feature i, token i + 1), targets from position i + 1
     dtype = head.fc.weight.dtype
@@ -185,6 +196,9 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
     # step 0's response slots (with prompt_weight, every real slot); step s scores a subset of them
     scored = real if prompt_weight else real & (slot >= first)
     target_top, final_scored = top[:, 1:][scored], final[:, 1:][scored]  # [M], [M, H]
+    if lookup_weight != 1.0:  # slot i's target is position i + 2's token; lookup drafts it after i + 2 tokens
+        drafts = torch.cat([batch["lookup"][:, 2:], batch["lookup"].new_full((ids.shape[0], 1), -1)], dim=1)
+        looked_up = drafts == top[:, 1:]
     with torch.no_grad():
         embeds = embed(tokens).to(dtype)
         if head.config.kind == "eagle3":
@@ -208,6 +222,8 @@ def head_loss(head: EagleHead, batch: dict[str, torch.Tensor], embed: nn.Module,
         count = mask.sum().clamp(min=1)
         stats[f"n_{s}"], stats[f"all_{s}"] = float(mask.sum()), float(response.sum())
         weight = mask.float()
+        if lookup_weight != 1.0:
+            weight = weight * (1.0 - (1.0 - lookup_weight) * looked_up[scored].float())
         if prompt_weight:  # a prompt slot's step-s chain starts at slot - s, which must be real
             context = (real & (slot - s >= 0) & (slot - s < first))[scored] & in_vocab
             weight = weight + prompt_weight * context.float()
@@ -242,14 +258,17 @@ def ttt_outputs(head: EagleHead, embeds: torch.Tensor, feats: torch.Tensor, step
 class _WithLoss(nn.Module):
     """The head with its loss as ``forward``, so a DDP wrapper (``accelerate launch``) sees the whole step."""
 
-    def __init__(self, head: EagleHead, ttt_steps: int, noise: float = 0.0, prompt_weight: float = 0.0) -> None:
+    def __init__(self, head: EagleHead, ttt_steps: int, noise: float = 0.0, prompt_weight: float = 0.0,
+                 lookup_weight: float = 1.0) -> None:
         super().__init__()
-        self.head, self.ttt_steps, self.noise, self.prompt_weight = head, ttt_steps, noise, prompt_weight
+        self.head, self.ttt_steps, self.noise = head, ttt_steps, noise
+        self.prompt_weight, self.lookup_weight = prompt_weight, lookup_weight
 
     def forward(self, batch: dict[str, torch.Tensor], embed: nn.Module, target_head: nn.Module):
         if not self.training:
             return head_loss(self.head, batch, embed, target_head, self.ttt_steps)
-        return head_loss(self.head, batch, embed, target_head, self.ttt_steps, self.noise, self.prompt_weight)
+        return head_loss(self.head, batch, embed, target_head, self.ttt_steps, self.noise, self.prompt_weight,
+                         self.lookup_weight)
 
 
 @torch.no_grad()
@@ -383,7 +402,8 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         keep, coverage = draft_vocabulary(features, train_idx, size, head_config.vocab_size)
         head_config.draft_vocab_size = len(keep)
         log(f"draft vocabulary: {len(keep)} tokens cover {coverage:.1%} of the training targets")
-    head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps, config.noise, config.prompt_weight).to(accelerator.device)
+    head = _WithLoss(init_head(head_config, verifier, keep), config.ttt_steps, config.noise, config.prompt_weight,
+                     config.lookup_weight).to(accelerator.device)
     embed, target_head = verifier.get_input_embeddings(), verifier.get_output_embeddings()
     lengths = [len(features.small(i)["input_ids"]) for i in train_idx]
     per_epoch = len(_batches(lengths, config.batch_tokens, random.Random(0)))
@@ -416,7 +436,8 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
         epoch, within = divmod(global_index, per_epoch)
         if epoch not in epoch_batches:  # the same order on every process and after a resume
             epoch_batches = {epoch: _batches(lengths, config.batch_tokens, random.Random(config.seed * 1000 + epoch))}
-        batch = collate(features, [train_idx[i] for i in epoch_batches[epoch][within]], accelerator.device)
+        batch = collate(features, [train_idx[i] for i in epoch_batches[epoch][within]], accelerator.device,
+                        lookup=config.lookup_weight != 1.0)
         with accelerator.autocast():
             loss, stats = head(batch, embed, target_head)
         accelerator.backward(loss)
