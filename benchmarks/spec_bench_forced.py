@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from specdec.drafters.composite import LOOKUP_NGRAMS as COMPOSITE_NGRAMS
-from specdec.drafters.prompt_lookup import lookup
+from specdec.training.lookup_targets import lookup_drafts
 
 
 def spec_bench_responses(model: Any, tokenizer: Any, path: Path, per_group: int, new_tokens: int) -> list[dict[str, Any]]:
@@ -88,15 +88,17 @@ def forced(model: Any, head: Any, rows: list[dict[str, Any]], steps: int) -> dic
             copy = copy_targets(r["prompt_ids"], sequence)
             tally = copies.setdefault(r["group"], [0, 0, 0, 0])
             both = combined.setdefault(r["group"], [0, 0, 0, 0, 0])
+            # what composite's lookup drafts at each response position, the whole sequence searched
+            drafts = lookup_drafts(sequence, *COMPOSITE_NGRAMS, window=len(sequence))[p:]
             for i, (g, t, c) in enumerate(zip(guess, target, copy)):
                 tally[0 if c else 2] += int(g == t)
                 tally[1 if c else 3] += 1
-                found = lookup(sequence[: p + i], 1, *COMPOSITE_NGRAMS)  # what composite's lookup drafts here
+                found = drafts[i]  # -1: the lookup drafts nothing here
                 both[0] += 1
-                both[1] += bool(found)
-                both[2] += bool(found) and found[0] == t
-                both[3] += (found[0] == t) if found else (g == t)
-                both[4] += g == t or (bool(found) and found[0] == t)
+                both[1] += found >= 0
+                both[2] += found == t
+                both[3] += (found == t) if found >= 0 else (g == t)
+                both[4] += g == t or found == t
     out = {g: teacher_forced_summary(s) for g, s in stats.items()}
     out["all"] = teacher_forced_summary(x for s in stats.values() for x in s)
     copies["all"] = [sum(t[i] for t in copies.values()) for i in range(4)]

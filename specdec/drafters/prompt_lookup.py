@@ -15,6 +15,10 @@ from specdec.trees.build import TreeShape
 from specdec.trees.tree import DraftTree, RowTree, pack
 
 
+#: how many recent tokens a lookup searches by default (bounds the cost on long contexts)
+WINDOW = 1024
+
+
 def lookup(row: list[int], k: int, min_ngram: int, max_ngram: int) -> list[int]:
     """Up to ``k`` tokens following the latest earlier occurrence of the longest matching suffix n-gram."""
     found = continuations(row, k, min_ngram, max_ngram, 1)
@@ -61,7 +65,7 @@ class PromptLookupDrafter(Drafter):
 
     supports_tree = True
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 3, max_draft: int | None = None, window: int = 1024) -> None:
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 3, max_draft: int | None = None, window: int = WINDOW) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.min_ngram, self.max_ngram, self.max_draft, self.window = min_ngram, max_ngram, max_draft, window

@@ -8,15 +8,12 @@ less (``train-head --lookup-weight``). :func:`lookup_drafts` gives, in one pass 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 from specdec.drafters.composite import LOOKUP_NGRAMS
-from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.drafters.prompt_lookup import WINDOW
 
-#: composite's lookup: its n-gram sizes, and the lookup drafter's default window (tokens searched)
-MIN_NGRAM, MAX_NGRAM = LOOKUP_NGRAMS
-WINDOW = inspect.signature(PromptLookupDrafter).parameters["window"].default
+MIN_NGRAM, MAX_NGRAM = LOOKUP_NGRAMS  # composite's lookup
 
 
 def lookup_drafts(ids: Sequence[int], min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM,
