@@ -86,11 +86,35 @@ def test_data_only_run_with_self_prompts_and_sampled_responses(tiny, tmp_path, c
     assert settings["samples"]["gen_dtype"] == "bfloat16" and settings["samples"]["sampled"] == 0.5
     # the same run goes on to the features; another --sampled share is refused in one line
     assert _train(tiny, out, "--self-prompts", "14", "--sampled", "0.5", "--gen-dtype", "bfloat16",
-                  "--stop-after", "features") == 0
+                  "--feature-dtype", "bfloat16", "--stop-after", "features") == 0
     assert (out / "work" / "features").is_dir()
+    settings = json.loads((out / "work" / "settings.json").read_text())["stages"]
+    assert settings["features"]["feature_dtype"] == "bfloat16"
+    _check_features_from(tiny, out, torch.bfloat16)
     capsys.readouterr()
+    # features made by a bf16 copy are not resumed as the verifier's own
+    assert _train(tiny, out, "--self-prompts", "14", "--sampled", "0.5", "--gen-dtype", "bfloat16",
+                  "--stop-after", "features") == 2
+    assert "--feature-dtype bfloat16, not as loaded" in capsys.readouterr().err
     assert _train(tiny, out, "--self-prompts", "14", "--sampled", "0.25", "--gen-dtype", "bfloat16") == 2
     assert "--sampled 0.5, not 0.25" in capsys.readouterr().err
+
+
+def _check_features_from(tiny: Path, out: Path, dtype: torch.dtype) -> None:
+    """The first cached sample's features are those of a ``dtype`` copy of the verifier, not of the fp32 one."""
+    from specdec.models import load_model
+    from specdec.training.features import FeatureSet, verifier_features
+
+    model, _ = load_model(str(tiny / "m"))
+    features = FeatureSet(sorted((out / "work" / "features").glob("features-*.safetensors")))
+    layers = tuple(json.loads((out / "work" / "features" / "index.json").read_text())["layers"])
+    sample = features[0]
+    ids = sample["input_ids"][None]
+    copy_final = verifier_features(model.to(dtype), ids, None, layers)[1][0].to(torch.bfloat16)
+    own_final = verifier_features(model.float(), ids, None, layers)[1][0].to(torch.bfloat16)
+    # batched with padding, a bf16 pass rounds a little differently from this one-row pass: nearest, not equal
+    to_copy, to_own = ((sample["final"].float() - x.float()).norm().item() for x in (copy_final, own_final))
+    assert to_copy < 0.5 * to_own
 
 
 def test_feature_set_reads_memory_mapped_shards_exactly(tmp_path):

@@ -24,6 +24,10 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-dtype", choices=("bfloat16", "float16", "float32"), default=None,
                    help="write prompts and responses with a copy of the verifier in this dtype (bfloat16: about 2x "
                         "faster on CPUs with AMX); features and targets still come from the verifier as loaded")
+    p.add_argument("--feature-dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                   help="compute the training features and targets with a copy of the verifier in this dtype "
+                        "(bfloat16: about 3x faster on CPUs with AMX, argmax equal to fp32's at ~99%% of positions); "
+                        "default: the verifier as loaded")
     p.add_argument("--sampled", type=float, default=0.0,
                    help="share of prompts that also get a sampled response (T 0.7 / 0.85 / 1.0 in turn)")
     p.add_argument("--stop-after", choices=("data", "features"), default=None,
@@ -126,7 +130,7 @@ def run_train_head(args: argparse.Namespace) -> int:
     config = PipelineConfig(
         per_group=args.per_group or None, self_prompts=args.self_prompts, max_new_tokens=args.max_new_tokens,
         gen_batch=args.gen_batch, heldout=args.heldout, eval_prompts=args.eval_prompts, gen_dtype=args.gen_dtype,
-        sampled=args.sampled, stop_after=args.stop_after,
+        feature_dtype=args.feature_dtype, sampled=args.sampled, stop_after=args.stop_after,
         train=TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab or None, epochs=args.epochs,
                           batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, seed=args.seed,
                           save_every=args.save_every, mixed_precision=args.mixed_precision, warmup=args.warmup,

@@ -34,6 +34,7 @@ from specdec.heads.modules import EagleHead, KeyValues
 from specdec.training.features import FeatureSet
 from specdec.training.heap import TRIM_EVERY, release_free_memory
 from specdec.training.lookup_targets import lookup_drafts
+from specdec.training.portable import PORTABLE_KEY
 from specdec.training.soft_ce import soft_cross_entropy
 
 
@@ -312,16 +313,37 @@ _MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
 def _trainer_state(path: Path) -> dict[str, Any] | None:
-    """``trainer.json`` of a checkpoint, or None when the checkpoint is not whole."""
-    if not (path / "optimizer.bin").is_file() or not (path / "optimizer.bin").stat().st_size:
-        return None
+    """``trainer.json`` of a checkpoint, or None when the checkpoint is not whole. A portable checkpoint
+    (:mod:`specdec.training.portable`) is whole without optimizer state."""
     if not any((path / name).is_file() and (path / name).stat().st_size for name in _MODEL_FILES):
         return None
     try:
         state = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return state if isinstance(state, dict) and isinstance(state.get("step"), int) else None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return None
+    if PORTABLE_KEY not in state and not ((path / "optimizer.bin").is_file() and (path / "optimizer.bin").stat().st_size):
+        return None
+    return state
+
+
+def _load_portable(head: nn.Module, path: Path) -> None:
+    """A portable checkpoint's weights into ``head`` (the unwrapped training module), refused in one line when
+    they are another head's (other shapes, or another draft vocabulary: other data or ``--draft-vocab``)."""
+    from safetensors.torch import load_file
+
+    from specdec.training.prompts import TrainHeadError
+
+    weights = load_file(str(path / "model.safetensors"), device="cpu")
+    own = head.state_dict()
+    differ = sorted(set(own) ^ set(weights)) or [k for k in own if own[k].shape != weights[k].shape]
+    if differ:
+        raise TrainHeadError(f"{path} holds another head's weights ({differ[0]} differs); use --overwrite to start afresh")
+    for k, v in own.items():
+        if not v.is_floating_point() and not torch.equal(v.cpu(), weights[k]):
+            raise TrainHeadError(f"{path} was trained with another draft vocabulary ({k}); use --overwrite to start afresh")
+    head.load_state_dict(weights)
 
 
 def _checkpoints(directory: Path) -> list[Path]:
@@ -409,8 +431,13 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     per_epoch = len(_batches(lengths, config.batch_tokens, random.Random(0)))
     total_steps = max(1, math.ceil(per_epoch * config.epochs / accelerator.num_processes))
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / config.warmup) * 0.5 *
-                                                  (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    rewarm_at: int | None = None  # resumed without optimizer moments (a portable checkpoint): warm up again
+
+    def lr_factor(s: int) -> float:
+        again = 1.0 if rewarm_at is None else min(1.0, (s - rewarm_at + 1) / config.warmup)
+        return min(1.0, (s + 1) / config.warmup) * again * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     head, optimizer, schedule = accelerator.prepare(head, optimizer, schedule)
     checkpoints = out / "checkpoints"
     step, seconds, resumed_from, earlier = 0, 0.0, None, []
@@ -418,10 +445,20 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     found = _latest_checkpoint(checkpoints, log if main else (lambda m: None), remove=main)
     latest, state = found if found is not None else (None, {})
     if latest is not None:
-        accelerator.load_state(str(latest))
         step, seconds = state["step"], state.get("seconds", 0.0)
         resumed_from, earlier = step, state.get("history_first", [])
-        log(f"resuming from {latest} (step {step} of {total_steps})")
+        if PORTABLE_KEY in state:  # weights only: fresh moments, the schedule at `step`, a second warm-up
+            _load_portable(accelerator.unwrap_model(head), latest)
+            rewarm_at = step
+            inner = getattr(schedule, "scheduler", schedule)
+            inner.last_epoch = step
+            for group, base in zip(optimizer.param_groups, inner.base_lrs):
+                group["lr"] = base * lr_factor(step)
+            log(f"resuming from {latest} (step {step} of {total_steps}; portable: fresh optimizer moments, "
+                f"{config.warmup} steps of warm-up again)")
+        else:
+            accelerator.load_state(str(latest))
+            log(f"resuming from {latest} (step {step} of {total_steps})")
     best, val_history, stopped = state.get("best"), state.get("val_history", []), bool(state.get("stopped"))
     if stopped:
         log(f"the run in {checkpoints} stopped early at step {step}: nothing left to train")
