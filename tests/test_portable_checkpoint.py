@@ -11,20 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_models import make_model
+from tiny_models import make_model, tiny_head_features
 
 
 @pytest.fixture()
 def setup(tmp_path):
-    from specdec.heads.config import HeadConfig
-    from specdec.training.features import FeatureSet, extract_features
-
     model = make_model("llama")
-    g = torch.Generator().manual_seed(0)
-    samples = [{"id": str(i), "prompt_ids": torch.randint(3, 96, (5,), generator=g).tolist(),
-                "response_ids": torch.randint(3, 96, (12,), generator=g).tolist()} for i in range(6)]
-    config = HeadConfig.for_verifier(model.config, "eagle3")
-    features = FeatureSet(extract_features(model, samples, tmp_path / "features", config.aux_layers, progress=False))
+    features, config = tiny_head_features(model, tmp_path / "features")
     return model, features, config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_models import char_tokenizer, make_model
+from tiny_models import char_tokenizer, make_model, tiny_head_features
 
 _FAST = ["--self-prompts", "0", "--max-new-tokens", "6", "--epochs", "1", "--draft-vocab", "32", "--batch-tokens", "256",
          "--eval-prompts", "1", "--gen-batch", "4", "--heldout", "0.25", "--json"]
@@ -165,16 +165,10 @@ def test_interrupted_checkpoint_is_skipped_on_resume(tiny, finished, tmp_path, c
 def test_a_checkpoint_interrupted_mid_write_leaves_no_step_directory(tmp_path, monkeypatch):
     from accelerate import Accelerator
 
-    from specdec.heads.config import HeadConfig
-    from specdec.training.features import FeatureSet, extract_features
     from specdec.training.train import TrainConfig, train_head
 
     model = make_model("llama")
-    g = torch.Generator().manual_seed(0)
-    samples = [{"id": str(i), "prompt_ids": torch.randint(3, 96, (5,), generator=g).tolist(),
-                "response_ids": torch.randint(3, 96, (12,), generator=g).tolist()} for i in range(6)]
-    config = HeadConfig.for_verifier(model.config, "eagle3")
-    features = FeatureSet(extract_features(model, samples, tmp_path / "features", config.aux_layers, progress=False))
+    features, config = tiny_head_features(model, tmp_path / "features")
     train = TrainConfig(draft_vocab=32, epochs=4, batch_tokens=64, warmup=1, save_every=2)
     real_save = Accelerator.save_state
 

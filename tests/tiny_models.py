@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import string
+from pathlib import Path
 
 import torch
 import transformers as tf
@@ -68,3 +69,16 @@ def char_tokenizer():
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                    unk_token="<unk>")
+
+
+def tiny_head_features(model: torch.nn.Module, directory: Path, samples: int = 6):
+    """Cached verifier features of ``samples`` random sequences (5 prompt + 12 response tokens) for training
+    an EAGLE-3 head on ``model``: ``(FeatureSet, HeadConfig)``."""
+    from specdec.heads.config import HeadConfig
+    from specdec.training.features import FeatureSet, extract_features
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"id": str(i), "prompt_ids": torch.randint(3, 96, (5,), generator=g).tolist(),
+             "response_ids": torch.randint(3, 96, (12,), generator=g).tolist()} for i in range(samples)]
+    config = HeadConfig.for_verifier(model.config, "eagle3")
+    return FeatureSet(extract_features(model, rows, directory, config.aux_layers, progress=False)), config
