@@ -926,10 +926,35 @@ def _spec_eval(entry: dict[str, Any], args: argparse.Namespace, eval_dir: Path, 
 # --------------------------------------------------------------------------------------------
 
 
+#: what one device call may carry in all: the travelling tree, the carried paths (the device tool's limit)
+TRANSFER_LIMIT = 64 * 2**20
+#: room left in a call for the small carried paths (gguf package, questions, a copy of the training prompts)
+CARRY_EXTRAS = 4 * 2**20
+
+
+def travelling_tree_bytes(repo: Path) -> int:
+    """Bytes of the files that travel with every device call: tracked, and untracked-not-ignored, files."""
+    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((repo / name.decode()).stat().st_size for name in listed if name and (repo / name.decode()).is_file())
+
+
+def auto_part_mib(repo: Path) -> int:
+    """The largest part (MiB) that travels beside the tree and the small carried paths in one call."""
+    part = (TRANSFER_LIMIT - travelling_tree_bytes(repo) - CARRY_EXTRAS) // 2**20
+    if part < 4:
+        raise SystemExit(f"the travelling tree leaves {part} MiB of the device's 64 MiB for a GGUF part: shrink it")
+    return int(part)
+
+
 def prepare_carry(directory: Path, part_mib: int, gguf: str | None, dataset: str | None) -> dict[str, Any]:
-    """Split the embedded GGUF into parts of ``part_mib`` MiB (as ``split -b {part_mib}M -d -a 2`` names them) with
-    a manifest, and copy the pure-Python ``gguf`` package and the Spec-Bench questions beside them."""
+    """Split the embedded GGUF into parts of ``part_mib`` MiB (as ``split -b {part_mib}M -d -a 2`` names them;
+    0: the largest that travels beside this checkout's tree, :func:`auto_part_mib`) with a manifest, and copy
+    the pure-Python ``gguf`` package and the Spec-Bench questions beside them."""
     directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{GGUF_NAME}.part-*"):  # parts of another size would mix with these
+        stale.unlink()
+    part_mib = part_mib or auto_part_mib(Path(__file__).resolve().parent.parent)
     if gguf is None:
         from specdec.models import SMOLLM2_GGUF, smollm2_path
 
@@ -1128,7 +1153,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--spec-dtype", default="float32", help="the embedded model's dtype (CPU tables: float32)")
     ap.add_argument("--prepare-carry", metavar="DIR", default=None,
                     help="(here, not on the GPU) split the GGUF into DIR with the gguf package and questions; exit")
-    ap.add_argument("--part-mib", type=int, default=32, help="--prepare-carry part size in MiB")
+    ap.add_argument("--part-mib", type=int, default=0,
+                    help="--prepare-carry part size in MiB (0: the largest that fits one call beside the tree)")
     args = ap.parse_args(argv)
     if args.prepare_carry is None and not args.out:
         ap.error("--out is required")
@@ -1154,7 +1180,8 @@ def main(argv: list[str] | None = None) -> int:
     dirs = carry_dirs(args.carry_dir)
     if args.prepare_carry:
         manifest = prepare_carry(Path(args.prepare_carry), args.part_mib, args.gguf, args.dataset)
-        print(json.dumps({"parts": [p["name"] for p in manifest["parts"]], "size": manifest["size"]}, indent=2))
+        print(json.dumps({"parts": [p["name"] for p in manifest["parts"]], "size": manifest["size"],
+                          "part_mib": manifest["parts"][0]["size"] / 2**20}, indent=2))
         return 0
     carried = add_carried_packages(dirs)  # before transformers is imported: it checks for gguf once
     import torch

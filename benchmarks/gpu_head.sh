@@ -44,7 +44,7 @@ fi
 start=$(date +%s)
 timeout "$T" python3 -c 'import sys; from specdec.cli import main; sys.exit(main())' train-head \
     --data "$PROMPTS" --out "$RUN" --per-group 3000 --self-prompts 10000 --max-new-tokens 512 --gen-batch 512 \
-    --gen-dtype bfloat16 --sampled 0.25 --draft-vocab 16384 --ttt-steps 5 --lr 2e-3 --warmup 30 --epochs 3 \
+    --gen-dtype bfloat16 --sampled 0.25 --feature-dtype bfloat16 --draft-vocab 16384 --ttt-steps 5 --lr 2e-3 --warmup 30 --epochs 3 \
     --patience 2 --mixed-precision bf16 --heldout 0.03 --save-every 50 --lookup-weight 0.1 --json 2>&1 \
     | tr '\r' '\n' | grep --line-buffered -v 'it/s\]$' | tee -a "$OUT/train_head.log" | tail -60
 echo "train-head ran $(( $(date +%s) - start )) s (limit $T)"

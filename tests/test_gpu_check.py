@@ -137,6 +137,28 @@ def test_carried_parts_reassemble_and_a_missing_part_is_named(tmp_path):
         gc.reassemble(gc.find_embedded(args, [carry]), tmp_path / "again")
 
 
+def test_auto_part_size_fits_one_call_beside_the_tree(tmp_path):
+    """A part, the travelling tree and the small carried paths stay under the device's 64 MiB per call (the
+    tree grew past what fixed 32 MiB parts left room for)."""
+    gc = _gpu_check()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("runs/\n")
+    (repo / "tracked.bin").write_bytes(b"x" * (30 * 2**20))
+    (repo / "untracked.txt").write_bytes(b"y" * 2**20)  # untracked, not ignored: travels too
+    (repo / "runs").mkdir()
+    (repo / "runs" / "big.bin").write_bytes(b"z" * (40 * 2**20))  # ignored: stays here
+    subprocess.run(["git", "-C", str(repo), "add", "tracked.bin", ".gitignore"], check=True)
+    tree = gc.travelling_tree_bytes(repo)
+    assert tree == 31 * 2**20 + len("runs/\n")
+    part = gc.auto_part_mib(repo)
+    assert part * 2**20 + tree + gc.CARRY_EXTRAS <= gc.TRANSFER_LIMIT < (part + 1) * 2**20 + tree + gc.CARRY_EXTRAS
+    (repo / "tracked.bin").write_bytes(b"x" * (59 * 2**20))
+    with pytest.raises(SystemExit, match="shrink"):
+        gc.auto_part_mib(repo)
+
+
 def test_gpu_check_quick_on_cpu(tmp_path):
     out = tmp_path / "check"
     run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
