@@ -124,3 +124,24 @@ def test_pack_and_unpack_refuse_what_is_not_a_checkpoint(tmp_path, capsys):
     assert main(["unpack", str(tmp_path / "src"), str(tmp_path / "run")]) == 2
     assert "not a portable checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "run" / "checkpoints" / "step-3").exists()
+
+
+def test_a_checkpoint_exports_as_a_head_that_drafts_as_the_trained_one(setup, tmp_path, monkeypatch):
+    """A mid-run checkpoint, full or packed, becomes a head directory whose logits are the trained head's."""
+    from specdec.heads.checkpoint import load_head
+    from specdec.training.portable import export_head, pack_checkpoint
+    from specdec.training.prompts import TrainHeadError
+
+    model = setup[0]
+    run = tmp_path / "run"
+    head, _ = _train(setup, run)
+    final = sorted((run / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+    pack_checkpoint(run, tmp_path / "pack")
+    trained = {k: v for k, v in head.state_dict().items() if not k.startswith("rotary_emb.")}
+    for source in (final, tmp_path / "pack"):
+        exported = load_head(export_head(source, model, tmp_path / f"head-{source.name}"), model).state_dict()
+        for k, v in trained.items():  # every tensor where the trained head has it (bf16-rounded)
+            want = v.to(torch.bfloat16) if v.is_floating_point() else v
+            assert torch.equal(exported[k].to(want.dtype), want), k
+    with pytest.raises(TrainHeadError, match="not a whole"):
+        export_head(tmp_path, model, tmp_path / "nothing")

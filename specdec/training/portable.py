@@ -9,6 +9,9 @@ within a warm-up: betas 0.9 / 0.95) and the exact fp32 weights.
 
     python -m specdec.training.portable pack runs/head-v2 data/smollm2-head-v2/checkpoint
     python -m specdec.training.portable unpack data/smollm2-head-v2/checkpoint runs/head-v2
+
+:func:`export_head` turns any training checkpoint (full or portable) into a head directory that ``draft="eagle:DIR"``
+loads, to measure a run mid-way (the learning curve's one-pass points).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from specdec.training.prompts import TrainHeadError, write_atomic
 
-__all__ = ["PORTABLE_KEY", "pack_checkpoint", "unpack_checkpoint"]
+__all__ = ["PORTABLE_KEY", "export_head", "pack_checkpoint", "unpack_checkpoint"]
 
 #: the ``trainer.json`` key that marks a checkpoint without optimizer state
 PORTABLE_KEY = "portable"
@@ -81,6 +84,30 @@ def unpack_checkpoint(src: str | Path, run: str | Path) -> Path | None:
     shutil.rmtree(path, ignore_errors=True)
     tmp.replace(path)
     return path
+
+
+def export_head(checkpoint: str | Path, verifier, dest: str | Path, *, kind: str = "eagle3") -> Path:
+    """The head of a ``train-head`` checkpoint (``checkpoints/step-N``, full or portable) as a head directory
+    (:func:`~specdec.heads.checkpoint.save_head`, bf16) for ``verifier``; its draft vocabulary is read from the
+    weights. A checkpoint that is not whole, or not a head of ``kind``, is a :class:`TrainHeadError`."""
+    from safetensors.torch import load_file
+
+    from specdec.heads.checkpoint import save_head
+    from specdec.heads.config import HeadConfig
+    from specdec.heads.modules import EagleHead
+    from specdec.training.train import _trainer_state
+
+    checkpoint = Path(checkpoint)
+    if _trainer_state(checkpoint) is None:
+        raise TrainHeadError(f"{checkpoint} is not a whole train-head checkpoint")
+    weights = {k.removeprefix("head."): v for k, v in load_file(str(checkpoint / "model.safetensors"), device="cpu").items()}
+    draft = weights["d2t"].numel() if "d2t" in weights else None
+    head = EagleHead(HeadConfig.for_verifier(verifier.config, kind, draft_vocab_size=draft))
+    missing, unexpected = head.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.startswith("rotary_emb.")]
+    if missing or unexpected:
+        raise TrainHeadError(f"{checkpoint} is not a {kind} head of this verifier ({(missing + unexpected)[0]} differs)")
+    return save_head(head, dest)
 
 
 def main(argv: list[str] | None = None) -> int:
