@@ -7,7 +7,7 @@ Takes the first ``--batches`` batches of epoch 0's order over the first ``--shar
 batches of ``--batch-tokens`` padded tokens, as training groups them) and times forward, backward and the AdamW
 step of a freshly initialised EAGLE-3 head (the loss of the slots a step scores, bf16 autocast), each batch
 ``--repeats`` times, keeping the best. ``--profile`` adds a ``torch.profiler`` table of the top operators.
-``--trim-every N`` returns the heap's free pages to the kernel every N steps, as train-head does on a CPU (the cost
+``--masked-attention`` times the older masked training-time attention. ``--trim-every N`` returns the heap's free pages to the kernel every N steps, as train-head does on a CPU (the cost
 of doing so; run it under ``/usr/bin/time -f %M`` for the peak memory).
 """
 
@@ -42,7 +42,14 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trim-every", type=int, default=0, help="release the heap's free pages every N steps (0: never)")
+    ap.add_argument("--masked-attention", action="store_true",
+                    help="the training-time attention as one masked SDPA over every step's keys (the CPU default "
+                         "is flash over the causal block merged with the chain's keys, specdec.training.ttt_attention)")
     args = ap.parse_args()
+    if args.masked_attention:
+        import specdec.training.train as train_module
+
+        train_module.flash_ttt_available = lambda device: False
 
     model, _ = load_model("smollm2")
     paths = sorted(args.features.glob("features-*.safetensors"))[: args.shards]

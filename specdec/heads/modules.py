@@ -82,9 +82,12 @@ class HeadAttention(nn.Module):
         groups = self.heads // self.kv_heads
         k = keys.transpose(1, 2).repeat_interleave(groups, dim=1)
         v = values.transpose(1, 2).repeat_interleave(groups, dim=1)
-        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1))
-        b, _, n, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+        return self.output(nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1)))
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        """``o_proj`` of the heads' outputs ``[B,h,n,d]``."""
+        b, _, n, _ = attended.shape
+        return self.o_proj(attended.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
 
 
 class EagleLayer(nn.Module):
@@ -170,8 +173,7 @@ class EagleHead(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             x, residual = layer.attention_input(embeds, hidden)
             q, k, v = layer.self_attn.project(x, cos, sin)
-            keys, values, mask = kv(i, k, v)
-            hidden = layer.finish(layer.self_attn.attend(q, keys, values, mask), residual)
+            hidden = layer.finish(kv.attend(i, layer.self_attn, q, k, v), residual)
         return hidden
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -190,6 +192,12 @@ class KeyValues:
 
     def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def attend(self, layer: int, attention: "HeadAttention", q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this pass's ``k, v`` of ``layer`` and attend ``q`` over every key the mask allows (training
+        overrides it with a cheaper exact form)."""
+        keys, values, mask = self(layer, k, v)
+        return attention.attend(q, keys, values, mask)
 
 
 class CachedKeyValues(KeyValues):
