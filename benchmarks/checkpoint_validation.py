@@ -32,7 +32,8 @@ def main() -> None:
     from specdec.training.features import FeatureSet
     from specdec.training.portable import export_head
     from specdec.training.prompts import heldout_split
-    from specdec.training.train import _trainer_state, validate
+    from specdec.training.checkpoints import trainer_state
+    from specdec.training.train import validate
 
     model, _ = load_model("smollm2")
     features_dir = args.run / "work" / "features"
@@ -42,7 +43,7 @@ def main() -> None:
     embed, target_head = model.get_input_embeddings(), model.get_output_embeddings()
     results = {}
     for checkpoint in args.checkpoints:
-        step = _trainer_state(checkpoint)["step"]
+        step = trainer_state(checkpoint)["step"]
         head = load_head(export_head(checkpoint, model, args.heads_out / f"step-{step}"), model)
         # as the run validates at an epoch's end: the head in fp32, outside autocast (bf16-rounded weights here)
         metrics = validate(head, features, held, embed, target_head, args.steps, args.batch_tokens, model.device)

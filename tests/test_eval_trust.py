@@ -85,6 +85,7 @@ def test_hf_compiled_is_a_baseline():
 
 def test_hf_compiled_compiles_before_timing_and_leaves_the_model_eager(tiny, tmp_path):
     model, tok = tiny
+    torch._dynamo.reset()  # a graph another test compiled in this worker would make the compile free (0.0 s)
     prompts = ["Hello there", "Why is the sky blue? Tell me.", "Count."]  # three prompt lengths, one graph
     methods = ["hf", "hf-compiled", f"specdec[{WEAK},k=2]"]
     # no warm-up: hf-compiled still compiles untimed

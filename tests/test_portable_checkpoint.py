@@ -28,14 +28,14 @@ def _train(setup, out: Path, *, stop_at: int | None = None, draft_vocab: int = 3
 
     model, features, config = setup
     if stop_at is not None:
-        real = train_mod._save_checkpoint
+        real = train_mod.save_checkpoint
 
         def save_then_stop(accelerator, checkpoints, step, trainer):
             real(accelerator, checkpoints, step, trainer)
             if step == stop_at:
                 raise KeyboardInterrupt
 
-        monkeypatch.setattr(train_mod, "_save_checkpoint", save_then_stop)
+        monkeypatch.setattr(train_mod, "save_checkpoint", save_then_stop)
     train = train_mod.TrainConfig(draft_vocab=draft_vocab, epochs=4, batch_tokens=64, warmup=2, save_every=2, lr=1e-2)
     head_config = type(config)(**{**vars(config)})
     return train_mod.train_head(model, features, list(range(6)), out, train, head_config, progress=False,
@@ -46,7 +46,7 @@ def test_pack_unpack_and_resume_from_the_packed_step(setup, tmp_path, monkeypatc
     from safetensors.torch import load_file
 
     from specdec.training.portable import PORTABLE_KEY, pack_checkpoint, unpack_checkpoint
-    from specdec.training.train import _trainer_state
+    from specdec.training.checkpoints import trainer_state
 
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
@@ -62,13 +62,13 @@ def test_pack_unpack_and_resume_from_the_packed_step(setup, tmp_path, monkeypatc
 
     shutil.rmtree(run / "checkpoints")  # the machine lost runs/ (features are recomputed: here, kept)
     restored = unpack_checkpoint(tmp_path / "pack", run)
-    assert restored == run / "checkpoints" / "step-4" and _trainer_state(restored)[PORTABLE_KEY]
+    assert restored == run / "checkpoints" / "step-4" and trainer_state(restored)[PORTABLE_KEY]
     assert unpack_checkpoint(tmp_path / "pack", run) is None  # already there: nothing to do
 
     import specdec.training.train as train_mod
 
     loaded, lrs = {}, []
-    real_load = train_mod._load_portable
+    real_load = train_mod.load_portable
 
     def spy_load(head, path):
         real_load(head, path)
@@ -80,7 +80,7 @@ def test_pack_unpack_and_resume_from_the_packed_step(setup, tmp_path, monkeypatc
         lrs.append(self.param_groups[0]["lr"])
         return real_step(self, *a, **kw)
 
-    monkeypatch.setattr(train_mod, "_load_portable", spy_load)
+    monkeypatch.setattr(train_mod, "load_portable", spy_load)
     monkeypatch.setattr(torch.optim.AdamW, "step", spy_step)
     lines: list[str] = []
     head, summary = _train(setup, run, log=lines.append)

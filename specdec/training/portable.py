@@ -24,13 +24,10 @@ from pathlib import Path
 
 import torch
 
+from specdec.training.checkpoints import PORTABLE_KEY, latest_checkpoint, trainer_state
 from specdec.training.prompts import TrainHeadError, write_atomic
 
 __all__ = ["PORTABLE_KEY", "export_head", "pack_checkpoint", "unpack_checkpoint"]
-
-#: the ``trainer.json`` key that marks a checkpoint without optimizer state
-PORTABLE_KEY = "portable"
-
 
 def pack_checkpoint(run: str | Path, dest: str | Path, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Write the newest whole checkpoint of ``run`` (a ``train-head --out``) to ``dest`` as a portable one:
@@ -38,10 +35,8 @@ def pack_checkpoint(run: str | Path, dest: str | Path, dtype: torch.dtype = torc
     replaced whole or not at all. Returns its ``trainer.json``."""
     from safetensors.torch import load_file, save_file
 
-    from specdec.training.train import _latest_checkpoint
-
     run, dest = Path(run), Path(dest)
-    found = _latest_checkpoint(run / "checkpoints", log=lambda m: None)
+    found = latest_checkpoint(run / "checkpoints", log=lambda m: None)
     if found is None:
         raise TrainHeadError(f"{run / 'checkpoints'} holds no whole checkpoint to pack")
     path, state = found
@@ -66,14 +61,12 @@ def unpack_checkpoint(src: str | Path, run: str | Path) -> Path | None:
     """Put the portable checkpoint ``src`` into ``run/checkpoints`` as ``step-N``, where the next ``train-head``
     run into ``run`` resumes from it. Returns that path, or None when ``run`` already holds a whole checkpoint
     of step N or later (nothing to restore)."""
-    from specdec.training.train import _latest_checkpoint, _trainer_state
-
     src, checkpoints = Path(src), Path(run) / "checkpoints"
-    state = _trainer_state(src)
+    state = trainer_state(src)
     if state is None or PORTABLE_KEY not in state:
         raise TrainHeadError(f"{src} is not a portable checkpoint (no model.safetensors, or a trainer.json "
                              f"without '{PORTABLE_KEY}')")
-    found = _latest_checkpoint(checkpoints, log=lambda m: None)
+    found = latest_checkpoint(checkpoints, log=lambda m: None)
     if found is not None and found[1]["step"] >= state["step"]:
         return None
     path = checkpoints / f"step-{state['step']}"
@@ -95,10 +88,8 @@ def export_head(checkpoint: str | Path, verifier, dest: str | Path, *, kind: str
     from specdec.heads.checkpoint import save_head
     from specdec.heads.config import HeadConfig
     from specdec.heads.modules import EagleHead
-    from specdec.training.train import _trainer_state
-
     checkpoint = Path(checkpoint)
-    if _trainer_state(checkpoint) is None:
+    if trainer_state(checkpoint) is None:
         raise TrainHeadError(f"{checkpoint} is not a whole train-head checkpoint")
     weights = {k.removeprefix("head."): v for k, v in load_file(str(checkpoint / "model.safetensors"), device="cpu").items()}
     draft = weights["d2t"].numel() if "d2t" in weights else None

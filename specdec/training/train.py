@@ -14,12 +14,8 @@ A checkpoint is written under a temporary name and renamed when whole, so an int
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import re
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,12 +27,13 @@ from tqdm.auto import tqdm
 
 from specdec.heads.config import HeadConfig
 from specdec.heads.modules import EagleHead, KeyValues
+from specdec.training.checkpoints import (PORTABLE_KEY, latest_checkpoint, load_portable, save_best,
+                                           save_checkpoint)
 from specdec.training.features import FeatureSet
 from specdec.training.heap import TRIM_EVERY, release_free_memory
 from specdec.training.lookup_targets import lookup_drafts
-from specdec.training.portable import PORTABLE_KEY
-from specdec.training.ttt_attention import flash_ttt_available, ttt_attention
 from specdec.training.soft_ce import soft_cross_entropy
+from specdec.training.ttt_attention import flash_ttt_available, ttt_attention
 
 
 @dataclass
@@ -319,102 +316,6 @@ def teacher_forced_summary(batch_stats: Iterable[dict[str, float]]) -> dict[str,
             "tokens_per_pass": round(expected, 4)}
 
 
-_STEP = re.compile(r"step-(\d+)")
-#: files ``accelerator.save_state`` writes for one model and one optimizer, besides our ``trainer.json``
-_MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
-
-
-def _trainer_state(path: Path) -> dict[str, Any] | None:
-    """``trainer.json`` of a checkpoint, or None when the checkpoint is not whole. A portable checkpoint
-    (:mod:`specdec.training.portable`) is whole without optimizer state."""
-    if not any((path / name).is_file() and (path / name).stat().st_size for name in _MODEL_FILES):
-        return None
-    try:
-        state = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        return None
-    if PORTABLE_KEY not in state and not ((path / "optimizer.bin").is_file() and (path / "optimizer.bin").stat().st_size):
-        return None
-    return state
-
-
-def _load_portable(head: nn.Module, path: Path) -> None:
-    """A portable checkpoint's weights into ``head`` (the unwrapped training module), refused in one line when
-    they are another head's (other shapes, or another draft vocabulary: other data or ``--draft-vocab``)."""
-    from safetensors.torch import load_file
-
-    from specdec.training.prompts import TrainHeadError
-
-    weights = load_file(str(path / "model.safetensors"), device="cpu")
-    own = head.state_dict()
-    differ = sorted(set(own) ^ set(weights)) or [k for k in own if own[k].shape != weights[k].shape]
-    if differ:
-        raise TrainHeadError(f"{path} holds another head's weights ({differ[0]} differs); use --overwrite to start afresh")
-    for k, v in own.items():
-        if not v.is_floating_point() and not torch.equal(v.cpu(), weights[k]):
-            raise TrainHeadError(f"{path} was trained with another draft vocabulary ({k}); use --overwrite to start afresh")
-    head.load_state_dict(weights)
-
-
-def _checkpoints(directory: Path) -> list[Path]:
-    """The ``step-N`` directories, oldest first."""
-    found = [p for p in directory.glob("step-*") if p.is_dir() and _STEP.fullmatch(p.name)]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
-
-
-def _latest_checkpoint(directory: Path, log: Any = print, *, remove: bool = False) -> tuple[Path, dict[str, Any]] | None:
-    """The newest whole checkpoint and its trainer state; incomplete ones are skipped with a notice (and
-    deleted with ``remove``: only the main process does, the others just skip them)."""
-    for path in reversed(_checkpoints(directory)):
-        state = _trainer_state(path)
-        if state is not None:
-            return path, state
-        log(f"notice: skipping incomplete checkpoint {path} (a save was interrupted){'; removed' if remove else ''}")
-        if remove:
-            shutil.rmtree(path, ignore_errors=True)
-    return None
-
-
-def _save_checkpoint(accelerator: Any, checkpoints: Path, step: int, trainer: dict[str, Any]) -> None:
-    """``checkpoints/step-N`` whole or not at all: every process saves into a temporary directory, then the
-    main process adds ``trainer.json`` and renames it; the two newest whole checkpoints are kept."""
-    path, tmp = checkpoints / f"step-{step}", checkpoints / f".tmp-step-{step}"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted save left
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / "trainer.json").write_text(json.dumps(trainer), encoding="utf-8")
-        if path.exists():  # an incomplete leftover of the same step
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-        whole = [p for p in _checkpoints(checkpoints) if _trainer_state(p) is not None]
-        for old in [p for p in _checkpoints(checkpoints) if p not in whole[-2:]]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in checkpoints.glob(".tmp-step-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-    accelerator.wait_for_everyone()
-
-
-def _save_best(head: EagleHead, directory: Path) -> None:
-    """The best head so far, in fp32 (it is returned as is), whole or not at all: a temporary name, then a rename."""
-    from specdec.heads.checkpoint import save_head
-
-    tmp = directory.with_name(f".tmp-{directory.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_head(head, tmp, dtype=torch.float32)
-    old = directory.with_name(f".old-{directory.name}")
-    shutil.rmtree(old, ignore_errors=True)
-    if directory.exists():
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: Path, config: TrainConfig,
                head_config: HeadConfig, *, val_idx: list[int] | None = None, progress: bool = True,
                log: Any = print) -> tuple[EagleHead, dict[str, Any]]:
@@ -454,13 +355,13 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
     checkpoints = out / "checkpoints"
     step, seconds, resumed_from, earlier = 0, 0.0, None, []
     main = accelerator.is_main_process
-    found = _latest_checkpoint(checkpoints, log if main else (lambda m: None), remove=main)
+    found = latest_checkpoint(checkpoints, log if main else (lambda m: None), remove=main)
     latest, state = found if found is not None else (None, {})
     if latest is not None:
         step, seconds = state["step"], state.get("seconds", 0.0)
         resumed_from, earlier = step, state.get("history_first", [])
         if PORTABLE_KEY in state:  # weights only: fresh moments, the schedule at `step`, a second warm-up
-            _load_portable(accelerator.unwrap_model(head), latest)
+            load_portable(accelerator.unwrap_model(head), latest)
             rewarm_at = step
             inner = getattr(schedule, "scheduler", schedule)
             inner.last_epoch = step
@@ -513,7 +414,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
             if better:
                 best = metrics
                 if main:
-                    _save_best(trained, checkpoints / "best")
+                    save_best(trained, checkpoints / "best")
             log(f"epoch {metrics['epoch']}: validation top-1 per step {metrics['top1']}, coverage "
                 f"{metrics['coverage']:.3f}, ~{metrics['tokens_per_pass']:.2f} tokens per pass{' (best)' if better else ''}")
             stopped = bool(config.patience) and metrics["epoch"] - best["epoch"] >= config.patience and step < total_steps
@@ -526,7 +427,7 @@ def train_head(verifier: Any, features: FeatureSet, train_idx: list[int], out: P
                     f"training top-1 {sum(h.get('acc_0', 0.0) for h in recent) / len(recent):.3f}, "
                     f"{(time.perf_counter() - mark[1]) / max(1, step - mark[0]):.2f} s a step")
                 mark = (step, time.perf_counter())
-            _save_checkpoint(accelerator, checkpoints, step, {
+            save_checkpoint(accelerator, checkpoints, step, {
                 "step": step, "seconds": time.perf_counter() - started, "best": best, "val_history": val_history,
                 "stopped": stopped, "history_first": (earlier + history)[:20], "history_last": history[-20:]})
     bar.close()
