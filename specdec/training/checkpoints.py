@@ -107,6 +107,12 @@ def save_best(head: EagleHead, directory: Path) -> None:
     tmp = directory.with_name(f".tmp-{directory.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     save_head(head, tmp, dtype=torch.float32)
+    replace_directory(tmp, directory)
+
+
+def replace_directory(tmp: Path, directory: Path) -> None:
+    """Put the finished ``tmp`` in place of ``directory`` with renames only: an interrupted swap leaves the old
+    directory (or, for a moment, none), never a half-written one."""
     old = directory.with_name(f".old-{directory.name}")
     shutil.rmtree(old, ignore_errors=True)
     if directory.exists():

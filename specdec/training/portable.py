@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.training.checkpoints import PORTABLE_KEY, latest_checkpoint, trainer_state
+from specdec.training.checkpoints import PORTABLE_KEY, latest_checkpoint, replace_directory, trainer_state
 from specdec.training.prompts import TrainHeadError, write_atomic
 
 __all__ = ["PORTABLE_KEY", "export_head", "pack_checkpoint", "unpack_checkpoint"]
@@ -48,12 +48,7 @@ def pack_checkpoint(run: str | Path, dest: str | Path, dtype: torch.dtype = torc
     tmp.mkdir(parents=True)
     save_file(packed, str(tmp / "model.safetensors"))
     write_atomic(tmp / "trainer.json", json.dumps(trainer) + "\n")
-    old = dest.with_name(f".{dest.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.replace(old)
-    tmp.replace(dest)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_directory(tmp, dest)
     return trainer
 
 

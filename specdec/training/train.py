@@ -121,11 +121,14 @@ class TrainingKeyValues(KeyValues):
         blocks = [j <= i - s] + [j == i - s + t for t in range(1, s + 1)]
         return torch.cat(blocks, dim=1).unsqueeze(0)  # [1, n, (s + 1) n]
 
-    def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         while len(self.keys) <= layer:
             self.keys.append([]), self.values.append([])
         self.keys[layer].append(k)
         self.values[layer].append(v)
+
+    def __call__(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self._store(layer, k, v)
         return torch.cat(self.keys[layer], dim=1), torch.cat(self.values[layer], dim=1), self.mask()
 
     def attend(self, layer: int, attention: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -133,7 +136,7 @@ class TrainingKeyValues(KeyValues):
         third of the masked attention's work over five steps); elsewhere the masked attention."""
         if not self.flash:
             return super().attend(layer, attention, q, k, v)
-        self(layer, k, v)
+        self._store(layer, k, v)  # not __call__: the concatenated keys and the mask would go unused
         groups = attention.heads // attention.kv_heads
         heads = lambda ts: [t.transpose(1, 2).repeat_interleave(groups, dim=1) for t in ts]  # noqa: E731
         return attention.output(ttt_attention(q, heads(self.keys[layer]), heads(self.values[layer])))
