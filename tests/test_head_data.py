@@ -140,6 +140,30 @@ def test_feature_set_reads_memory_mapped_shards_exactly(tmp_path):
         assert got["prompt_length"] == len(samples[i]["prompt_ids"]) == features.small(i)["prompt_length"]
 
 
+
+def test_feature_extraction_makes_its_model_only_for_a_missing_shard(tmp_path):
+    """``extract_features`` given a factory (the bf16 copy of ``--feature-dtype``) calls it only when a shard
+    must be computed: a resume that finds every shard builds no copy, one that lacks a shard builds one."""
+    from specdec.training.features import extract_features
+
+    model = make_model("llama")
+    gen = torch.Generator().manual_seed(0)
+    samples = [{"id": f"s{i}", "prompt_ids": torch.randint(3, 90, (5,), generator=gen).tolist(),
+                "response_ids": torch.randint(3, 90, (4,), generator=gen).tolist()} for i in range(4)]
+    calls = []
+
+    def factory():
+        calls.append(1)
+        return model
+
+    paths = extract_features(factory, samples, tmp_path / "f", (1, 2), shard_samples=2, progress=False)
+    assert len(calls) == 1 and all(p.is_file() for p in paths)
+    again = extract_features(factory, samples, tmp_path / "f", (1, 2), shard_samples=2, progress=False)
+    assert again == paths and len(calls) == 1  # every shard there: no model made
+    paths[1].unlink()
+    extract_features(factory, samples, tmp_path / "f", (1, 2), shard_samples=2, progress=False)
+    assert len(calls) == 2 and paths[1].is_file()
+
 def test_training_validates_every_epoch_keeps_the_best_and_stops_early(tiny, tmp_path, capsys):
     """A held-out split the head never trains on is scored every epoch; the best head is the one saved."""
     out = tmp_path / "head"

@@ -9,6 +9,7 @@ and ``top [T]`` (the verifier's greedy token at each position).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +36,14 @@ def verifier_features(model: Any, ids: torch.Tensor, mask: torch.Tensor | None, 
     return torch.cat([out.hidden_states[i] for i in layers], dim=-1), final, out.logits.argmax(-1)
 
 
-def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path, layers: tuple[int, ...], *,
+def extract_features(model: Any | Callable[[], Any], samples: list[dict[str, Any]], directory: Path, layers: tuple[int, ...], *,
                      shard_samples: int = 256, batch_size: int = 8, progress: bool = True) -> list[Path]:
     """Run the verifier over prompt + response of every sample and write the features it reads.
 
     Existing shards are kept (resume), provided ``index.json`` says they were made from the same samples
     and layers; otherwise a one-line :class:`~specdec.training.prompts.TrainHeadError`. An index that cannot be
-    read says nothing about its shards: they are computed again.
+    read says nothing about its shards: they are computed again. ``model`` may be a zero-argument callable that
+    makes the model: it is called only if a shard is missing (a resume with every shard made builds no copy).
     """
     from safetensors.torch import save_file
 
@@ -61,7 +63,6 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
     write_atomic(index_path, json.dumps(index))
     shards = [samples[i:i + shard_samples] for i in range(0, len(samples), shard_samples)]
     paths = []
-    device = model.device
     with tqdm(total=len(samples), desc="verifier features", disable=not progress) as bar:
         for number, shard in enumerate(shards):
             path = _shard_path(directory, number)
@@ -69,6 +70,9 @@ def extract_features(model: Any, samples: list[dict[str, Any]], directory: Path,
             if path.is_file():
                 bar.update(len(shard))
                 continue
+            if not isinstance(model, torch.nn.Module):
+                model = model()
+            device = model.device
             keys = ("input_ids", "hidden", "final", "top")
             done: list[dict[str, torch.Tensor] | None] = [None] * len(shard)
             # batches of similar lengths (padding is compute thrown away); the shard keeps the samples' order

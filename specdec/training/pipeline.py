@@ -337,8 +337,8 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
         layers = head_config.aux_layers if head_config.kind == "eagle3" else (model.config.get_text_config().num_hidden_layers,)
         record_stage("features")
         # a copy in --feature-dtype computes them (bf16: ~3x faster with AMX); the head still trains against
-        # the verifier's own embedding and lm_head, as it drafts
-        paths = extract_features(data_writer(model, config.feature_dtype), samples, work / "features", layers,
+        # the verifier's own embedding and lm_head, as it drafts; made only if a shard is missing
+        paths = extract_features(lambda: data_writer(model, config.feature_dtype), samples, work / "features", layers,
                                  progress=progress)
         if config.stop_after == "features":
             return _stopped(out, samples, started, "features")
