@@ -25,6 +25,7 @@ _UNSUPPORTED_KWARGS = {
     "negative_prompt_attention_mask": "classifier-free guidance runs the model inside a logits processor",
     "inputs_embeds": "pass input_ids (the drafter needs token ids)",
     "past_key_values": "specdec manages its own preallocated cache",
+    "cache": "specdec manages its own preallocated cache",  # past_key_values' name in newer transformers
     "synced_gpus": "multi-GPU synced generation is not supported",
     "custom_generate": "custom decoding loops cannot be combined with speculation",
     "prompt_lookup_num_tokens": "use specdec's drafters instead of transformers' prompt lookup",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import transformers as tf
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
@@ -218,6 +218,8 @@ def test_custom_drafter_protocol_under_sampling(llama):
         (dict(output_hidden_states=True, return_dict_in_generate=True), NotImplementedError, "hidden states"),
         (dict(penalty_alpha=0.6, top_k=4), NotImplementedError, "contrastive"),
         (dict(assistant_model="x"), NotImplementedError, "assistant_model"),
+        (dict(past_key_values=DynamicCache()), NotImplementedError, "past_key_values"),
+        (dict(cache=DynamicCache()), NotImplementedError, "`cache`"),
         (dict(do_sample=True, temperature=-1.0), ValueError, "temperature"),
         (dict(do_sample=True, top_p=1.5), ValueError, "top_p"),
         (dict(repetition_penalty=0.0), ValueError, "repetition_penalty"),

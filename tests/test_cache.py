@@ -79,3 +79,36 @@ def test_rollback_forward_only():
         cache.rollback(3)
     with pytest.raises(ValueError, match="positive"):
         ManagedCache(2, 0)
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_passes_hand_the_cache_by_the_models_own_keyword(arch, recwarn):
+    """Prefill and verify passes give the cache by the keyword the model's forward declares (``cache`` since
+    transformers renamed it; the old ``past_key_values`` warns and goes in 5.40), so no deprecation warning."""
+    import inspect
+    import warnings
+
+    from specdec.verifiers.cache import cache_argument
+
+    model = MODELS[arch]
+    assert cache_argument(model) in inspect.signature(model.forward).parameters
+    warnings.simplefilter("always")
+    runner, _ = CausalLMRunner(model).prefill(torch.tensor([[1, 2, 3]]), None, 32)
+    runner.forward(torch.tensor([[4, 5]]))
+    stale = [str(w.message) for w in recwarn if "past_key_values" in str(w.message)]
+    assert not stale, stale
+
+
+def test_cache_keyword_of_an_older_forward():
+    """A forward that only knows ``past_key_values`` (older transformers, remote code) is given that."""
+    from specdec.verifiers.cache import cache_argument
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return input_ids
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None):
+            return input_ids
+
+    assert cache_argument(Old()) == "past_key_values" and cache_argument(New()) == "cache"

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from specdec.prompts import PromptFileError, encode_prompt, read_prompt_file, round_robin
+from specdec.verifiers.cache import cache_argument
 
 from . import model_bytes, quantize
 from .grid import GRID_BOUND_NOTE, GRID_TOLERANCE, weight_error
@@ -153,15 +154,16 @@ def measure_agreement(draft: nn.Module, refs: Sequence[tuple[torch.Tensor, torch
     activations per call, so a whole-sequence forward would not measure the same thing)."""
     from transformers import DynamicCache
 
+    arg = cache_argument(draft)
     hits = n = 0
     for ids, cont in refs:
         cache = DynamicCache(config=draft.config)
-        logits = draft(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = draft(input_ids=ids, use_cache=True, **{arg: cache}).logits[:, -1]
         for i in range(cont.shape[1]):
             hits += int(logits.argmax(-1).item() == cont[0, i].item())
             n += 1
             if i + 1 < cont.shape[1]:
-                logits = draft(input_ids=cont[:, i:i + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+                logits = draft(input_ids=cont[:, i:i + 1], use_cache=True, **{arg: cache}).logits[:, -1]
     return (hits / n if n else float("nan")), n
 
 
@@ -177,10 +179,10 @@ def _time_rounds(models: dict[str, nn.Module], seq: torch.Tensor, ctx: int, repe
     """Median ms of a 1-token and an 8-token forward after ``ctx`` cached tokens, interleaved."""
     from transformers import DynamicCache
 
-    caches = {}
+    caches, args = {}, {name: cache_argument(m) for name, m in models.items()}
     for name, m in models.items():
         c = DynamicCache(config=m.config)
-        m(input_ids=seq[:, :ctx], past_key_values=c, use_cache=True)
+        m(input_ids=seq[:, :ctx], use_cache=True, **{args[name]: c})
         caches[name] = c
     one = seq[:, ctx:ctx + 1]
     eight = seq[:, ctx:ctx + 8]
@@ -191,7 +193,7 @@ def _time_rounds(models: dict[str, nn.Module], seq: torch.Tensor, ctx: int, repe
             c = caches[name]
             for ids, store in ((one, t1), (eight, t8)):
                 t0 = time.perf_counter()
-                m(input_ids=ids, past_key_values=c, use_cache=True)
+                m(input_ids=ids, use_cache=True, **{args[name]: c})
                 dt = (time.perf_counter() - t0) * 1e3
                 c.crop(-ids.shape[1])
                 if r >= warmup:

@@ -21,8 +21,21 @@ the managed cache the same way.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+def cache_argument(model: Any) -> str:
+    """The keyword ``model``'s forward takes its cache by: ``cache`` (transformers 5.2x renamed it; the old
+    ``past_key_values`` warns and goes in 5.40) or ``past_key_values`` (older transformers, remote code)."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature: the name every version took
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 class CacheOverflowError(RuntimeError):

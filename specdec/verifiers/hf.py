@@ -28,6 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.slots import static_slots
+from specdec.verifiers.cache import cache_argument
 from specdec.verifiers.session import CacheSession, StepOutput
 from specdec.verifiers.static import COMPILE_ERRORS, StaticVerifier
 
@@ -113,6 +114,7 @@ class CausalLMRunner:
         self._compiled: torch.nn.Module | None = None
         self.static: StaticVerifier | None = None  # compiled static verify passes (compile_static)
         self._kv_dtype: torch.dtype | None = None  # dtype of the keys/values this model writes (seen once)
+        self.cache_arg = cache_argument(model)
         self.keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
         config = model.config
         self.sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False

@@ -41,6 +41,7 @@ class Runner(Protocol):
 
     model: Any
     sliding: bool
+    cache_arg: str  # the keyword the model's forward takes its cache by
     num_layers: int
 
     def run(self, session: "CacheSession", hidden_layers: tuple[int, ...], **inputs: Any) -> "StepOutput": ...
@@ -106,7 +107,7 @@ class CacheSession:
         else:
             mask = None if bool(seen.all()) else seen.long()
         out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
-                              position_ids=position_ids, past_key_values=self.cache, use_cache=True, **extra)
+                              position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache}, **extra)
         if self.static is not None:  # the prefill ran: static passes from now on
             self.static.activate(self.cache)
         return out
@@ -152,7 +153,7 @@ class CacheSession:
         positions = torch.zeros(batch, width, dtype=torch.long, device=tokens.device)
         positions[self.live, :n] = position_ids
         out = self.runner.run_static(self, hidden_layers, input_ids=ids, attention_mask=self._additive(full),
-                                     position_ids=positions, past_key_values=self.cache, use_cache=True)
+                                     position_ids=positions, use_cache=True, **{self.runner.cache_arg: self.cache})
         pick = lambda t: None if t is None else t[self.live, :n]  # noqa: E731  (a copy: CUDA graphs reuse outputs)
         return StepOutput(pick(out.logits), pick(out.hidden))
 
