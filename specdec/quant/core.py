@@ -92,8 +92,8 @@ def quantize(
     """Return a quantized copy of the HF causal LM ``model``; ``model`` is left untouched.
 
     The copy is a module of the same class with the same forward signature (``input_ids``,
-    ``position_ids``, ``attention_mask``, the cache (``cache``; ``past_key_values`` before transformers
-    5.2x), ``use_cache`` ...; returns an output
+    ``position_ids``, ``attention_mask``, the cache (``cache``; ``past_key_values`` in older
+    transformers), ``use_cache`` ...; returns an output
     with ``.logits``), in eval mode. Its ``nn.Linear`` layers are replaced by the scheme's
     quantized linears; everything the scheme does not change is *shared* with ``model`` rather
     than copied, in particular the input embedding table (its lookups are cast to the copy's

@@ -29,7 +29,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 
 def cache_argument(model: Any) -> str:
-    """The keyword ``model``'s forward takes its cache by: ``cache`` (transformers 5.2x renamed it; the old
+    """The keyword ``model``'s forward takes its cache by: ``cache`` (current transformers renamed it; the old
     ``past_key_values`` warns and goes in 5.40) or ``past_key_values`` (older transformers, remote code)."""
     try:
         parameters = inspect.signature(model.forward).parameters
