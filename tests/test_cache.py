@@ -100,7 +100,10 @@ def test_passes_hand_the_cache_by_the_models_own_keyword(arch, recwarn):
 
 
 def test_cache_keyword_of_an_older_forward():
-    """A forward that only knows ``past_key_values`` (older transformers, remote code) is given that."""
+    """A forward that only knows ``past_key_values`` (older transformers, remote code) is given that; one that
+    names neither (a ``**kwargs`` wrapper) gets the installed transformers' name, which its models declare."""
+    import inspect
+
     from specdec.verifiers.cache import cache_argument
 
     class Old(torch.nn.Module):
@@ -111,4 +114,9 @@ def test_cache_keyword_of_an_older_forward():
         def forward(self, input_ids=None, cache=None, use_cache=None):
             return input_ids
 
+    class Wrapper(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return args
+
     assert cache_argument(Old()) == "past_key_values" and cache_argument(New()) == "cache"
+    assert cache_argument(Wrapper()) in inspect.signature(type(MODELS["llama"]).forward).parameters

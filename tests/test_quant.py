@@ -34,6 +34,7 @@ from specdec.quant.report import (
     run_quant_report,
     tokens_per_pass,
 )
+from specdec.verifiers.cache import cache_argument
 
 VOCAB = 128
 HAS_CUDA = torch.cuda.is_available()
@@ -71,12 +72,13 @@ def ids() -> torch.Tensor:
 
 def _prefill_and_step(m: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, DynamicCache]:
     cache = DynamicCache(config=m.config)
+    arg = cache_argument(m)
     with torch.inference_mode():
         a = m(input_ids=ids[:, :-1], attention_mask=torch.ones_like(ids[:, :-1]),
-              past_key_values=cache, use_cache=True).logits
+              use_cache=True, **{arg: cache}).logits
         pos = torch.full((ids.shape[0], 1), ids.shape[1] - 1)
         b = m(input_ids=ids[:, -1:], position_ids=pos, attention_mask=torch.ones_like(ids),
-              past_key_values=cache, use_cache=True).logits
+              use_cache=True, **{arg: cache}).logits
     return a, b, cache
 
 

@@ -15,6 +15,7 @@ from specdec import sizing
 from specdec.sizing import GiB, PlanError, presets
 from specdec.sizing.weights import _weight_model
 from specdec.slots import cache_slots
+from specdec.verifiers.cache import cache_argument
 
 # --------------------------------------------------------------------------------------------
 # published arithmetic
@@ -460,7 +461,7 @@ def test_managed_cache_bytes_equal_the_allocated_bytes(tiny_models, key, dtype):
     cache = ManagedCache(config.num_hidden_layers, max_len)
     input_ids = torch.randint(2, config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        model(input_ids, past_key_values=cache, use_cache=True)
+        model(input_ids, use_cache=True, **{cache_argument(model): cache})
     assert cache.length == prompt
     assert cache.nbytes > 0
     assert sizing.managed_cache_bytes(config, batch, max_len, dtype) == cache.nbytes

@@ -21,6 +21,7 @@ the managed cache the same way.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -30,12 +31,25 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 def cache_argument(model: Any) -> str:
     """The keyword ``model``'s forward takes its cache by: ``cache`` (current transformers renamed it; the old
-    ``past_key_values`` warns and goes in 5.40) or ``past_key_values`` (older transformers, remote code)."""
+    ``past_key_values`` warns and goes in 5.40) or ``past_key_values`` (older transformers, remote code). A forward
+    that names neither (a ``**kwargs`` wrapper) gets the installed transformers' own name for it: a name the
+    model's ``**kwargs`` swallowed would silently run without the cache."""
     try:
         parameters = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):  # a forward without a readable signature: the name every version took
-        return "past_key_values"
-    return "cache" if "cache" in parameters else "past_key_values"
+    except (TypeError, ValueError):
+        parameters = {}
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    return _library_cache_argument()
+
+
+@functools.lru_cache(maxsize=1)
+def _library_cache_argument() -> str:
+    """What the installed transformers' own causal LMs call the cache (their Llama as the witness)."""
+    from transformers import LlamaForCausalLM
+
+    return "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 
 class CacheOverflowError(RuntimeError):
