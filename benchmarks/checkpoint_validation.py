@@ -29,10 +29,10 @@ def main() -> None:
     args = p.parse_args()
     from specdec.heads.checkpoint import load_head
     from specdec.models import load_model
+    from specdec.training.checkpoints import trainer_state
     from specdec.training.features import FeatureSet
     from specdec.training.portable import export_head
     from specdec.training.prompts import heldout_split
-    from specdec.training.checkpoints import trainer_state
     from specdec.training.train import validate
 
     model, _ = load_model("smollm2")

@@ -29,6 +29,7 @@ from specdec.training.prompts import TrainHeadError, write_atomic
 
 __all__ = ["PORTABLE_KEY", "export_head", "pack_checkpoint", "unpack_checkpoint"]
 
+
 def pack_checkpoint(run: str | Path, dest: str | Path, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Write the newest whole checkpoint of ``run`` (a ``train-head --out``) to ``dest`` as a portable one:
     floating weights in ``dtype``, integer buffers (the draft vocabulary's maps) as they are. ``dest`` is
@@ -83,6 +84,7 @@ def export_head(checkpoint: str | Path, verifier, dest: str | Path, *, kind: str
     from specdec.heads.checkpoint import save_head
     from specdec.heads.config import HeadConfig
     from specdec.heads.modules import EagleHead
+
     checkpoint = Path(checkpoint)
     if trainer_state(checkpoint) is None:
         raise TrainHeadError(f"{checkpoint} is not a whole train-head checkpoint")
