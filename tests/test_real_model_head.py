@@ -25,7 +25,9 @@ def test_shipped_head_is_small_and_documented(smollm2):
     directory = shipped_head(model)
     assert directory in shipped_heads()
     size = sum(p.stat().st_size for p in directory.iterdir())
-    assert size <= 25 * 2**20, f"{size} bytes"
+    # bf16; its 16k-token draft vocabulary (98% held-out coverage) is 19 MB of the 29 (the working tree that travels
+    # to a lent GPU is capped at 64 MiB)
+    assert size <= 32 * 2**20, f"{size} bytes"
     card = (directory / "README.md").read_text()
     for needed in ("license", "Spec-Bench", "specdec train-head", "acceptance"):
         assert needed in card

@@ -276,3 +276,19 @@ def test_bad_inputs_fail_in_one_line_before_the_model_loads(tiny, tmp_path, caps
     assert expected in line, line
     if case == "utf8":
         assert "bad.jsonl" in line and "line 2" in line
+
+
+def test_stage_times_are_kept_as_each_stage_ends(tiny, tmp_path):
+    """A run stopped after its data keeps the data's time (a session killed in a later stage loses only that
+    stage's), and the card's training time is the checkpoints' clock, which counts every resumed run."""
+    out = tmp_path / "head"
+    assert _train(tiny, out, "--stop-after", "data") == 0
+    timing = json.loads((out / "work" / "timing.json").read_text())
+    assert set(timing) == {"data"} and timing["data"] >= 0  # a tiny run rounds to 0.0 s
+    assert _train(tiny, out) == 0
+    record = json.loads((out / "training.json").read_text())
+    stages = record["stage_seconds"]
+    assert set(stages) == {"data", "features", "training", "heldout_eval"}
+    assert stages["data"] >= timing["data"]
+    assert stages["training"] == record["training_seconds_total"] > 0
+    assert f"training {stages['training']:.0f} s" in (out / "README.md").read_text()

@@ -44,7 +44,8 @@ Never trained on Spec-Bench or any evaluation set.
 `{record.get('command') or 'specdec train-head --model MODEL --data PROMPTS --out DIR'}`
 
 ## Time on the machine that trained it
-Summed over every run into the same output directory (a rerun resumes): data {stages['data']:.0f} s,
+Summed over the runs into the same output directory (a rerun resumes): data {stages['data']:.0f} s,
 features {stages['features']:.0f} s, training {stages['training']:.0f} s, held-out evaluation
-{stages['heldout_eval']:.0f} s; total {sum(stages.values()):.0f} s.
+{stages['heldout_eval']:.0f} s; total {sum(stages.values()):.0f} s. Training counts every run, killed ones
+too (its checkpoints carry the clock); the other stages count the runs that finished them.
 """

@@ -312,6 +312,9 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
         if state.is_main_process:
             _record_stage(out, stage, settings[stage])
 
+    def add_times(seconds: dict[str, float]) -> dict[str, float]:
+        return _add_stage_times(work / "timing.json", seconds) if state.is_main_process else {}
+
     # under `accelerate launch`, the main process writes the data and features; the others then find them done
     with state.main_process_first():
         prompts = balance(data_prompts, config.per_group, seed=config.train.seed)
@@ -331,6 +334,8 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
             raise TrainHeadError(f"only {len(samples)} usable sample(s) from {data}: a head needs at least 2 "
                                  "(one is held out to measure it); add prompts or --self-prompts")
         generated = time.perf_counter()
+        # each stage's time is recorded as it ends: a later stage killed with its session loses only its own
+        add_times({"data": generated - started})
         if config.stop_after == "data":
             return _stopped(out, samples, started, "data")
         head_config = HeadConfig.for_verifier(model.config, config.train.kind, draft_vocab_size=None)
@@ -340,11 +345,12 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
         # the verifier's own embedding and lm_head, as it drafts; made only if a shard is missing
         paths = extract_features(lambda: data_writer(model, config.feature_dtype), samples, work / "features", layers,
                                  progress=progress)
+        featured = time.perf_counter()
+        add_times({"features": featured - generated})
         if config.stop_after == "features":
             return _stopped(out, samples, started, "features")
         record_stage("training")
     features = FeatureSet(paths)
-    featured = time.perf_counter()
     held, train_idx = heldout_split([s["id"] for s in samples], config.heldout)
     head, summary = train_head(model, features, train_idx, out, config.train, head_config, val_idx=held,
                                progress=progress, log=log)
@@ -357,9 +363,8 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
     result = {"out": str(out), "samples": len(samples), "tokens": tokens, "steps": summary["steps"],
               "seconds": round(time.perf_counter() - started, 1), "heldout_acceptance": round(acceptance, 4),
               "mean_accepted_length": round(accepted_length, 3)}
-    stages = _add_stage_times(work / "timing.json", {
-        "data": generated - started, "features": featured - generated, "training": trained - featured,
-        "heldout_eval": time.perf_counter() - trained})
+    # training's clock is the checkpoints': it counts every resumed run, killed ones too
+    stages = {**add_times({"heldout_eval": time.perf_counter() - trained}), "training": round(summary["seconds"], 1)}
     record = {**result, "stage_seconds": stages, "command": command,
               "training_seconds_total": round(summary["seconds"], 1), "final_train_metrics": summary["final"],
               "validation": summary["validation"], "best_validation": summary["best"],
