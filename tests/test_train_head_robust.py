@@ -290,5 +290,5 @@ def test_stage_times_are_kept_as_each_stage_ends(tiny, tmp_path):
     stages = record["stage_seconds"]
     assert set(stages) == {"data", "features", "training", "heldout_eval"}
     assert stages["data"] >= timing["data"]
-    assert stages["training"] == record["training_seconds_total"] > 0
+    assert stages["training"] == record["training_seconds_total"]  # the checkpoints' clock, not this run's
     assert f"training {stages['training']:.0f} s" in (out / "README.md").read_text()
