@@ -364,9 +364,10 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
               "seconds": round(time.perf_counter() - started, 1), "heldout_acceptance": round(acceptance, 4),
               "mean_accepted_length": round(accepted_length, 3)}
     # training's clock is the checkpoints': it counts every resumed run, killed ones too
-    stages = {**add_times({"heldout_eval": time.perf_counter() - trained}), "training": round(summary["seconds"], 1)}
+    training_seconds = round(summary["seconds"], 1)
+    stages = {**add_times({"heldout_eval": time.perf_counter() - trained}), "training": training_seconds}
     record = {**result, "stage_seconds": stages, "command": command,
-              "training_seconds_total": round(summary["seconds"], 1), "final_train_metrics": summary["final"],
+              "training_seconds_total": training_seconds, "final_train_metrics": summary["final"],
               "validation": summary["validation"], "best_validation": summary["best"],
               "stopped_early": summary["stopped_early"],
               "train_config": summary["train_config"], "pipeline": {k: v for k, v in vars(config).items() if k != "train"},
