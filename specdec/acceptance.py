@@ -29,6 +29,13 @@ def greedy_accept(draft_tokens: torch.Tensor, target_scores: torch.Tensor) -> tu
     return num_accepted, target
 
 
+def one_hot(index: torch.Tensor, classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """``one_hot(index, classes)`` in ``dtype`` by a scatter: ``torch.nn.functional.one_hot`` validates the ids on a
+    CPU with two device reads."""
+    out = torch.zeros(index.shape + (classes,), dtype=dtype, device=index.device)
+    return out.scatter_(-1, index.unsqueeze(-1), 1)
+
+
 def draft_distribution(scores: torch.Tensor) -> torch.Tensor:
     """The drafter's ``q = softmax(scores)`` over the last dimension, always a distribution.
 
@@ -39,7 +46,7 @@ def draft_distribution(scores: torch.Tensor) -> torch.Tensor:
     p = torch.softmax(scores, dim=-1)
     bad = ~torch.isfinite(p).all(dim=-1, keepdim=True)
     best = torch.nan_to_num(scores, nan=float("-inf"), posinf=float("-inf")).argmax(dim=-1)
-    return torch.where(bad, torch.nn.functional.one_hot(best, p.shape[-1]).to(p.dtype), p)
+    return torch.where(bad, one_hot(best, p.shape[-1], p.dtype), p)
 
 
 def rejection_accept(

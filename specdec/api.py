@@ -59,7 +59,9 @@ class SpeculativeModel:
             what is free on the model's device. A call whose caches cannot fit fails before any compute.
         adaptive: choose the draft length per step (up to ``num_draft_tokens``, or up to a call's
             own ``num_draft_tokens``) from online acceptance and cost estimates
-            (:class:`~specdec.draft_length.AdaptiveDraftLength`). Without a ``generator`` the
+            (:class:`~specdec.draft_length.AdaptiveDraftLength`), ``k = 0`` (a plain decode step) included
+            where drafting does not pay, probing again later (``last_stats.drafted_passes`` counts the
+            passes that drafted). Without a ``generator`` the
             wall-clock estimates carry over between calls; a call given a seeded ``generator`` uses a
             fresh policy whose choices depend on accepted counts only (no clock), so it is reproducible.
         compile_drafter: run the drafter's model (or draft head) through ``torch.compile`` (inductor). On a CPU it
@@ -128,9 +130,11 @@ class SpeculativeModel:
                 raise ValueError(f"compile_drafter: {type(self.drafter).__name__} has no model to compile")
             self.drafter.compile()
         self.num_draft_tokens = num_draft_tokens
-        self.policy = AdaptiveDraftLength(max_k=num_draft_tokens) if adaptive else None
-        # the clock-free cost model of seeded adaptive calls: fixed by the two models, so computed once
+        # the clock-free cost model of seeded adaptive calls (and the timed policy's prior until it has measured):
+        # fixed by the two models, so computed once
         self._draft_cost_ratio = _draft_cost_ratio(self.drafter, model) if adaptive else None
+        self.policy = AdaptiveDraftLength(max_k=num_draft_tokens, draft_cost_ratio=self._draft_cost_ratio) \
+            if adaptive else None
         self.last_stats: SpecStats | None = None
         if self.tree is not None and not self.drafter.supports_tree:
             raise ValueError(f"tree={tree!r}: {type(self.drafter).__name__} cannot draft trees (heads, model drafters, "

@@ -1,10 +1,12 @@
 """How many tokens to draft each step: a fixed ``k``, or an online controller.
 
 With per-token acceptance probability ``a``, a pass that drafts ``k`` tokens commits on average
-``(1 - a**(k+1)) / (1 - a)`` tokens and costs ``k * draft_cost + verify_cost(k)``. The adaptive
-policy estimates ``a`` (exponential moving average over steps), the draft cost per token and the
-verify cost per ``k`` (a least-squares line through measured passes: on a memory-bound CPU it
-grows slowly with ``k``) and picks the ``k`` with the most expected tokens per second.
+``(1 - a**(k+1)) / (1 - a)`` tokens and costs ``draft(k) + verify(k)``. The adaptive policy estimates
+``a`` (accepted drafts over Bernoulli trials, both summed with exponential decay), the draft and verify
+costs of each ``k`` (least-squares lines through measured passes: on a memory-bound CPU the verify cost
+grows slowly with ``k``) and picks the ``k`` with the most expected tokens per second. ``k = 0`` is a plain
+decode step (no drafts, a one-token verify pass): it is chosen when no ``k >= 1`` beats it, and drafting
+is probed again after a back-off that doubles while probes keep failing.
 """
 
 from __future__ import annotations
@@ -54,86 +56,136 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def _fit(points: dict[int, float], k: int, prior_slope: float | None) -> float:
+    """The cost at ``k`` of a least-squares line (slope >= 0) through measured ``{k: cost}``; with one point, a line
+    through it of relative slope ``prior_slope`` per token (``None``: proportional to ``k``)."""
+    if len(points) == 1:
+        (k0, v0), = points.items()
+        if prior_slope is None:
+            return v0 * k / k0 if k0 else v0
+        return max(0.0, v0 * (1 + prior_slope * (k - k0)))
+    n = len(points)
+    mean_k = sum(points) / n
+    mean_v = sum(points.values()) / n
+    var = sum((p - mean_k) ** 2 for p in points)
+    slope = max(0.0, sum((p - mean_k) * (v - mean_v) for p, v in points.items()) / var)
+    return max(0.0, mean_v + slope * (k - mean_k))
+
+
 @dataclass
 class AdaptiveDraftLength:
-    """Pick ``k`` per step to maximise expected committed tokens per second.
+    """Pick ``k`` per step to maximise expected committed tokens per second, ``k = 0`` (plain decoding) included.
 
     Args:
-        max_k / min_k: the range searched.
-        decay: weight of the past in the moving averages (0.8 ~ the last five steps).
-        prior_acceptance: the acceptance assumed before any step.
+        max_k / min_k: the range searched. ``min_k = 0`` (the default) lets the policy stop drafting when no
+            ``k >= 1`` pays for itself; it then drafts again, as a probe, after ``min_backoff`` plain passes,
+            and each probe that finds drafting still not paying doubles the wait (up to ``max_backoff``), so a
+            useless drafter costs one probe every ``max_backoff`` passes and a good one is found again soon.
+        decay: weight of the past in the estimates, per drafting pass (0.9 ~ the last ten).
+        prior_acceptance / prior_weight: the acceptance assumed before any step, worth ``prior_weight`` trials.
         timed: learn the costs from wall-clock time. ``False`` (what specdec uses when a seeded
             ``generator`` is given) makes every choice a function of the accepted counts alone, so a
             seeded run draws the same ``k`` sequence, and therefore the same tokens, every time: the
             draft cost per token is then ``draft_cost_ratio`` verifier passes and a pass over ``k``
-            drafts costs ``1 + VERIFY_SLOPE * k``.
+            drafts costs ``1 + VERIFY_SLOPE * k``. A timed policy uses this model until it has measured.
         draft_cost_ratio: the untimed model's cost of one draft token, in verifier passes.
     """
 
     max_k: int = 8
-    min_k: int = 1
-    decay: float = 0.8
+    min_k: int = 0
+    decay: float = 0.9
     prior_acceptance: float = 0.7
+    prior_weight: float = 1.0
     timed: bool = True
     draft_cost_ratio: float = 0.1
+    min_backoff: int = 4
+    max_backoff: int = 32
+    stale: float = 0.5
     acceptance: float = field(init=False)
-    draft_cost: float | None = field(init=False, default=None)
+    #: measured seconds of a pass's drafting (per k >= 1) and of its verify pass (per k, 0 included): moving averages
+    draft_costs: dict[int, float] = field(init=False, default_factory=dict)
     verify_costs: dict[int, float] = field(init=False, default_factory=dict)
     #: the latest choices (bounded: a long-lived server's policy must not grow without end)
     history: deque[int] = field(init=False, default_factory=lambda: deque(maxlen=HISTORY_LEN))
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_k <= self.max_k:
-            raise ValueError(f"need 1 <= min_k <= max_k, got {self.min_k}, {self.max_k}")
+        if not 0 <= self.min_k <= self.max_k or self.max_k < 1:
+            raise ValueError(f"need 0 <= min_k <= max_k and max_k >= 1, got {self.min_k}, {self.max_k}")
         if not 0 <= self.decay < 1:
             raise ValueError(f"decay must be in [0, 1), got {self.decay}")
+        if not 1 <= self.min_backoff <= self.max_backoff:
+            raise ValueError(f"need 1 <= min_backoff <= max_backoff, got {self.min_backoff}, {self.max_backoff}")
+        # Accepted drafts and trials, decayed sums: their ratio is the pooled acceptance. (A moving average of each
+        # pass's own rate underweights good passes: at a = 0.7, k = 4 it reads about 0.52, so k came out too short.)
+        self._accepted = self.prior_acceptance * self.prior_weight
+        self._trials = float(self.prior_weight)
         self.acceptance = self.prior_acceptance
+        self._idle = 0  # plain passes chosen since the policy last drafted
+        self._backoff = self.min_backoff  # plain passes before the next probe
+        self._resumed = False  # the latest choice drafts after plain passes: its drafting also caught up
+        self._probing = False  # the latest choice is a probe
 
-    def _verify_cost(self, k: int) -> float:
-        """Measured cost of a pass over ``k`` drafts, from a line through the measured passes."""
-        if not self.timed:
-            return 1.0 + VERIFY_SLOPE * k
-        points = sorted(self.verify_costs.items())
-        if len(points) == 1:
-            (k0, v0), = points
-            return v0 * (1 + VERIFY_SLOPE * (k - k0))  # prior until a second k is measured
-        n = len(points)
-        mean_k = sum(p[0] for p in points) / n
-        mean_v = sum(p[1] for p in points) / n
-        var = sum((p[0] - mean_k) ** 2 for p in points)
-        slope = max(0.0, sum((p[0] - mean_k) * (p[1] - mean_v) for p in points) / var)
-        return mean_v + slope * (k - mean_k)
+    @property
+    def draft_cost(self) -> float | None:
+        """Measured seconds per draft token (``None`` before any), from the draft-cost line at ``max_k``."""
+        return _fit(self.draft_costs, self.max_k, None) / self.max_k if self.draft_costs else None
 
-    def _draft_cost(self) -> float:
-        return self.draft_cost if self.timed and self.draft_cost is not None else self.draft_cost_ratio
+    def _pass_cost(self, k: int) -> float:
+        """Expected cost of a pass over ``k`` drafts: seconds when measured, else verifier passes."""
+        measured = self.timed and self.verify_costs
+        verify = _fit(self.verify_costs, k, VERIFY_SLOPE) if measured else 1.0 + VERIFY_SLOPE * k
+        if k == 0:
+            return verify  # no drafting, a one-token pass
+        if self.timed and self.draft_costs:
+            draft = _fit(self.draft_costs, k, None)
+        else:  # the prior: draft_cost_ratio verifier passes per token, in seconds once a pass has been timed
+            draft = self.draft_cost_ratio * k * (_fit(self.verify_costs, 0, VERIFY_SLOPE) if measured else 1.0)
+        return draft + verify
+
+    def rate(self, k: int) -> float:
+        """Expected committed tokens per unit of cost of a pass over ``k`` drafts, at the current estimates."""
+        a = min(max(self.acceptance, 0.0), 0.999)
+        return expected_tokens(a, k) / max(self._pass_cost(k), 1e-12)
 
     def choose(self, limit: int) -> int:
         upper = min(self.max_k, limit)
-        if upper < self.min_k:
+        low = max(1, self.min_k)
+        if upper < low:
             return max(0, upper)
-        if self.timed and (self.draft_cost is None or not self.verify_costs):
-            k = min(upper, max(self.min_k, (self.min_k + self.max_k) // 2))
+        best = max(range(low, upper + 1), key=self.rate)
+        self._probing = False
+        if self.min_k > 0 or self.rate(best) > self.rate(0):  # drafting pays
+            k, self._backoff = best, self.min_backoff
+        elif self._idle >= self._backoff:  # probe: has the drafter become useful?
+            k, self._probing = best, True
+            # what was learnt before the pause is stale: the probe's own outcome weighs as much as it
+            self._accepted, self._trials = self.stale * self._accepted, self.stale * self._trials
         else:
-            a = min(max(self.acceptance, 0.0), 0.999)
-            k = max(
-                range(self.min_k, upper + 1),
-                key=lambda k: expected_tokens(a, k) / (k * self._draft_cost() + self._verify_cost(k)),
-            )
+            k = 0
+        self._resumed = k > 0 and self._idle > 0
+        self._idle = 0 if k > 0 else self._idle + 1
         self.history.append(k)
         return k
 
     def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        if proposed <= 0:
+        if proposed <= 0:  # a plain pass (chosen, or the drafter found nothing): a one-token verify
+            if self.timed:
+                self._average(self.verify_costs, 0, verify_seconds)
             return
-        tried = trials(proposed, accepted)
-        rate = accepted / tried if tried else self.acceptance
-        self.acceptance = self.decay * self.acceptance + (1 - self.decay) * rate
+        self._accepted = self.decay * self._accepted + accepted
+        self._trials = self.decay * self._trials + trials(proposed, accepted)
+        self.acceptance = self._accepted / self._trials
+        if self._probing:  # a probe that accepted something brings the next one forward; one that did not, back
+            self._backoff = self.min_backoff if accepted else min(2 * self._backoff, self.max_backoff)
         if not self.timed:
             return
-        per_token = draft_seconds / proposed
-        self.draft_cost = per_token if self.draft_cost is None else self.decay * self.draft_cost + (1 - self.decay) * per_token
-        old = self.verify_costs.get(proposed)
-        self.verify_costs[proposed] = verify_seconds if old is None else self.decay * old + (1 - self.decay) * verify_seconds
+        if not self._resumed:  # after plain passes a drafter first catches up on them: not what drafting k costs
+            self._average(self.draft_costs, proposed, draft_seconds)
+        self._average(self.verify_costs, proposed, verify_seconds)
+
+    def _average(self, costs: dict[int, float], k: int, seconds: float) -> None:
+        old = costs.get(k)
+        costs[k] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
 
 class ChainPlan(DraftPlan):
@@ -152,6 +204,7 @@ class ChainPlan(DraftPlan):
     def propose(self, drafter: Proposer, rows: Rows, room: int, ctx: DraftContext) -> Drafts:
         return drafter.propose(rows, self.policy.choose(room), ctx)
 
-    def update(self, drafts: Drafts, accepted: "torch.Tensor", draft_seconds: float, verify_seconds: float,
+    def update(self, drafts: Drafts, accepted: list[int], draft_seconds: float, verify_seconds: float,
                drafter_forwards: int, path: "torch.Tensor | None" = None) -> None:
-        self.policy.update(drafts.num_tokens, int(accepted.min()), draft_seconds, verify_seconds)
+        # the batch's shortest accepted run: how far the whole batch got (accepted: host ints, read once per pass)
+        self.policy.update(drafts.num_tokens, int(min(accepted)), draft_seconds, verify_seconds)

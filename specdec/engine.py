@@ -69,7 +69,8 @@ def speculative_generate(
         ctx = DraftContext(setup.processors, setup.do_sample, generator, vocab_size=prompt.logits.shape[-1])
         logits = prompt.logits.float()
         scores = setup.processors(setup.input_ids, logits)
-        out.add_block(_choose(setup, scores, generator).unsqueeze(1), [1] * len(out.active), scores[:, None], logits[:, None])
+        first = _choose(setup, scores, generator).unsqueeze(1)
+        out.add_block(first, [1] * len(out.active), scores[:, None], logits[:, None])
         _retire(out, cache, drafter)
         stats.time_to_first_token = time.perf_counter() - start
 
@@ -80,15 +81,16 @@ def speculative_generate(
             drafts = plan.propose(drafter, rows, room, ctx)
             t1 = time.perf_counter()
             stats.draft_seconds += t1 - t0
-            fed = cache.counts  # real tokens cached per row before this pass
             v = verify(cache, rows, drafts, setup, layers, generator)
+            accepted, block = v.read()  # the pass's one device read: everything below runs on these host ints
             t2 = time.perf_counter()
-            added = out.add_block(v.tokens, (v.accepted + 1).tolist(), v.scores, v.logits)
-            added_t = torch.tensor(added, dtype=torch.long, device=fed.device)
-            v.keep(cache, fed, added_t)  # the newest committed token stays unfed
-            plan.update(drafts, v.accepted, t1 - t0, t2 - t1, drafter.forwards - forwards, v.path)
-            stats.record_step(drafts.scored(), v.accepted.tolist(), added, out.active)
-            drafter.commit(Commit(out.active_rows(), v.accepted, added_t, hidden=v.hidden, path=v.path))
+            added = out.add_block(v.tokens, [a + 1 for a in accepted], v.scores, v.logits, block)
+            update = Commit(out.active_rows(), v.accepted, v.added(accepted, added), v.hidden, v.path, accepted, added,
+                            v.path_host)
+            v.keep(cache, update)  # the newest committed token stays unfed
+            plan.update(drafts, accepted, t1 - t0, t2 - t1, drafter.forwards - forwards, update.path_host)
+            stats.record_step(drafts.scored(), accepted, added, out.active)
+            drafter.commit(update)
             _retire(out, cache, drafter)
     finally:
         stats.drafter_forwards, stats.drafter_stats = drafter.forwards, drafter.stats()

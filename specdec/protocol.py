@@ -80,10 +80,18 @@ class Rows:
     call was given (rows that finish leave the active batch), which picks its logits processors.
     """
 
-    def __init__(self, tokens: torch.LongTensor, lengths: torch.LongTensor, owners: list[int] | None = None) -> None:
-        self.tokens, self.lengths = tokens, lengths
-        self._lengths = lengths.tolist()  # host copy: slicing with it costs no device sync
+    def __init__(self, tokens: torch.LongTensor, lengths: torch.LongTensor | list[int], owners: list[int] | None = None,
+                 host: list[list[int]] | None = None) -> None:
+        self.tokens = tokens
+        # host ints: slicing with them costs no device sync (the engine passes lists; a tensor is read once here)
+        self._lengths = list(lengths) if isinstance(lengths, list) else lengths.tolist()
         self.owners = list(range(len(self._lengths))) if owners is None else list(owners)
+        self._host = host  # per row, its tokens as host ints (at least lengths[b] of them), when the caller has them
+
+    @property
+    def lengths(self) -> torch.LongTensor:
+        """Row lengths as a host tensor."""
+        return torch.tensor(self._lengths, dtype=torch.long, device="cpu")
 
     @classmethod
     def from_list(cls, rows: list[torch.LongTensor]) -> "Rows":
@@ -111,6 +119,13 @@ class Rows:
         """Length of row ``b`` (left padding included), without a device sync."""
         return self._lengths[b]
 
+    def host(self, b: int) -> list[int]:
+        """Row ``b``'s tokens as host ints (left padding included): the engine's own copy, no device read; rows
+        built without one are read from the device here."""
+        if self._host is None:
+            return self[b].tolist()
+        return self._host[b][: self._lengths[b]]
+
     @property
     def device(self) -> torch.device:
         return self.tokens.device
@@ -122,11 +137,14 @@ class Commit:
 
     ``rows``: the committed rows after the pass. ``accepted[b]``: drafts of row ``b`` the verifier
     accepted. ``added[b]``: tokens committed to row ``b`` (accepted drafts, then the verifier's own
-    token; fewer when a stop rule ended the row inside the block). ``hidden``: for drafters that asked
+    token; fewer when a stop rule ended the row inside the block). Both are device tensors, and
+    ``accepted_host`` / ``added_host`` the same as host ints (the engine read them once this pass: a drafter
+    that reads the tensors back would add a device sync). ``hidden``: for drafters that asked
     (:attr:`Drafter.hidden_layers`), the verifier's hidden states ``[B, n, H * len(layers)]`` at the
     ``n`` positions it just verified (the previous newest token, then the drafts); entry ``j < added[b]``
     of row ``b`` belongs to a committed token. ``path``: for tree drafts, the node index of each
-    accepted draft per row (``[B, depth]``, -1 past ``accepted[b]``); ``None`` for chains.
+    accepted draft per row (``[B, depth]``, -1 past ``accepted[b]``); ``None`` for chains; ``path_host`` the same
+    as host ints (read with the pass's other ints; :meth:`path_lists` reads ``path`` when built without it).
     """
 
     rows: Rows
@@ -134,6 +152,27 @@ class Commit:
     added: torch.LongTensor
     hidden: torch.Tensor | None = None
     path: torch.LongTensor | None = None
+    accepted_host: list[int] | None = None
+    added_host: list[int] | None = None
+    path_host: list[list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.accepted_host is None:  # built outside the engine (tests, priming): read them here
+            self.accepted_host = self.accepted.tolist()
+        if self.added_host is None:
+            self.added_host = self.added.tolist()
+
+    def path_lists(self) -> list[list[int]] | None:
+        """``path`` as host ints (``None`` for chains): the engine's copy, else read here once."""
+        if self.path_host is None and self.path is not None:
+            self.path_host = self.path.tolist()
+        return self.path_host
+
+    @property
+    def steady(self) -> bool:
+        """Whether every row committed its accepted drafts plus one token (no stop inside the block), so that
+        ``added == accepted + 1`` on the device too."""
+        return all(n == a + 1 for a, n in zip(self.accepted_host, self.added_host))
 
 
 class Proposer(Protocol):
@@ -185,10 +224,10 @@ class DraftPlan:
         """Ask ``drafter`` for one pass's drafts, at most ``room`` tokens deep."""
         raise NotImplementedError
 
-    def update(self, drafts: Drafts, accepted: torch.Tensor, draft_seconds: float, verify_seconds: float,
-               drafter_forwards: int, path: torch.Tensor | None = None) -> None:
-        """Learn from one pass: ``accepted [B]`` drafts per row, its timings, the drafter's forwards and, for
-        trees, the accepted path (``path [B, D]``: node indices, -1 past the accepted ones)."""
+    def update(self, drafts: Drafts, accepted: list[int], draft_seconds: float, verify_seconds: float,
+               drafter_forwards: int, path: torch.Tensor | list[list[int]] | None = None) -> None:
+        """Learn from one pass: ``accepted`` drafts per row (host ints: read once per pass), its timings, the drafter's forwards and, for
+        trees, the accepted path (``path [B, D]``: node indices, -1 past the accepted ones; host ints from the engine)."""
 
     def to_dict(self) -> dict | None:
         """``SpecStats.tree``: a tree's configuration (and what ``auto`` learnt); ``None`` for chains."""

@@ -117,6 +117,7 @@ class SpecStats(_Rates):
     proposed: int = 0
     accepted: int = 0
     verifier_forwards: int = 0  # verification passes, prefill excluded
+    drafted_passes: int = 0  # of those, passes with >= 1 draft (adaptive k may choose plain passes: k = 0)
     drafter_forwards: int = 0
     drafter_stats: dict = field(default_factory=dict)  # the drafter's own counts (composite: lookup / model steps)
     committed_per_step: list[int] = field(default_factory=list)  # tokens committed, one entry per row per pass
@@ -162,6 +163,7 @@ class SpecStats(_Rates):
         row_ids = list(range(len(accepted_per_row))) if row_ids is None else row_ids
         per_row = [(proposed, proposed)] * len(accepted_per_row) if isinstance(proposed, int) else proposed
         self.verifier_forwards += 1
+        self.drafted_passes += int(any(n > 0 for n, _ in per_row))
         self.proposed += sum(n for n, _ in per_row)
         self.accepted += sum(accepted_per_row)
         self.committed_per_step.extend(committed_per_row)
@@ -201,6 +203,7 @@ class SpecStats(_Rates):
                ("per row: acceptance", ", ".join(f"{r.acceptance_rate:.2f}" for r in self.rows))]
               if len(self.rows) > 1 else []),
             ("verifier passes", str(self.verifier_forwards)),
+            ("passes that drafted", str(self.drafted_passes)),
             ("drafter forwards", str(self.drafter_forwards)),
             ("time to first token", f"{self.time_to_first_token * 1000:.1f} ms"),
             ("time per output token", f"{self.time_per_output_token * 1000:.1f} ms"),

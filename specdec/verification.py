@@ -13,11 +13,12 @@ from typing import Callable
 
 import torch
 
-from specdec.acceptance import greedy_accept, rejection_accept
+from specdec.acceptance import greedy_accept, one_hot, rejection_accept
 from specdec.arguments import GenerationSetup
-from specdec.protocol import Drafts, Proposal, Rows
+from specdec.protocol import Commit, Drafts, Proposal, Rows
+from specdec.transfer import upload
 from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
-from specdec.trees.tree import DraftTree
+from specdec.trees.tree import DraftTree, reads_context
 from specdec.verifiers.session import CacheSession
 
 
@@ -34,19 +35,33 @@ class Verified:
     hidden: torch.Tensor | None = None
     path: torch.LongTensor | None = None
     block: int = 0  # trees: tokens in the verify pass (root + nodes)
+    path_host: list[list[int]] | None = None  # trees: ``path`` as host ints, set by :meth:`read`
 
-    def keep(self, cache: CacheSession, fed: torch.Tensor, added: torch.Tensor) -> None:
-        """Keep each row's newest committed token and its first ``added - 1`` accepted drafts in ``cache``
-        (``fed``: real tokens cached before the pass); the newest committed token stays unfed."""
-        if self.path is None:
-            return cache.keep(fed + added)
-        batch, depth = self.path.shape
-        keep = torch.zeros(batch, self.block, dtype=torch.bool, device=self.path.device)
-        keep[:, 0] = True
-        take = torch.arange(depth, device=self.path.device).unsqueeze(0) < (added - 1).unsqueeze(1)
-        rows = torch.arange(batch, device=self.path.device).unsqueeze(1).expand(-1, depth)
-        keep[rows[take], (self.path + 1)[take]] = True
-        cache.keep_slots(keep)
+    def read(self) -> tuple[list[int], list[list[int]]]:
+        """The pass's one device read: ``accepted`` per row and each row's tokens to commit, as host ints (a tree's
+        accepted ``path`` rides along, kept as :attr:`path_host`)."""
+        parts = [self.accepted.unsqueeze(1), self.tokens] + ([self.path] if self.path is not None else [])
+        both = torch.cat(parts, dim=1).tolist()
+        if self.path is not None:
+            self.path_host = [row[1 + self.tokens.shape[1]:] for row in both]
+        return [row[0] for row in both], [row[1 : row[0] + 2] for row in both]
+
+    def added(self, accepted: list[int], added: list[int]) -> torch.Tensor:
+        """``added`` (tokens each row committed) on the device: ``accepted + 1`` computed there unless a stop rule
+        cut a block (then uploaded: the row is complete and leaves the batch)."""
+        if all(n == a + 1 for a, n in zip(accepted, added)):
+            return self.accepted + 1
+        return upload(added, torch.long, self.accepted.device)
+
+    def keep(self, cache: CacheSession, update: Commit) -> None:
+        """Keep each row's newest committed token and its first ``added - 1`` accepted drafts in ``cache``; the
+        newest committed token stays unfed."""
+        if self.path is None:  # a chain: the pass's slots were all real, keep a prefix of each row's
+            return cache.keep_recent(self.tokens.shape[1], update.added_host, update.added)
+        # a tree: the root's slot and the first added - 1 accepted nodes' (node i's slot is i + 1), from host ints
+        path = self.path_host if self.path_host is not None else self.path.tolist()
+        cache.keep_slots([[0] + [node + 1 for node in row[: n - 1]] for row, n in zip(path, update.added_host)],
+                         self.block)
 
 
 def verify(cache: CacheSession, rows: Rows, drafts: Drafts, setup: GenerationSetup, layers: tuple[int, ...],
@@ -88,7 +103,7 @@ def verify_chain(cache: CacheSession, rows: Rows, proposal: Proposal, setup: Gen
         p = torch.softmax(scores, dim=-1)
         q = proposal.probs
         if q is None:  # deterministic drafter: one-hot q
-            q = torch.nn.functional.one_hot(drafts, p.shape[-1]).to(p.dtype)
+            q = one_hot(drafts, p.shape[-1], p.dtype)
         accepted, tokens = rejection_accept(drafts, q, p, generator)
     return Verified(accepted, tokens, scores, logits, step.hidden)
 
@@ -104,7 +119,7 @@ def verify_tree(cache: CacheSession, rows: Rows, tree: DraftTree, setup: Generat
     step = cache.forward(torch.cat([last, tree.tokens], dim=1), valid, position_ids=positions, tree_mask=mask,
                          hidden_layers=layers)
     logits = step.logits.float()
-    scores = _process(setup, rows, _tree_contexts(rows, tree), logits) if setup.processors else logits
+    scores = _process(setup, rows, _tree_contexts(rows, tree, setup), logits) if setup.processors else logits
     if setup.do_sample:
         accepted, tokens, path = tree_rejection_accept(tree, torch.softmax(scores, dim=-1), generator)
     else:
@@ -114,13 +129,17 @@ def verify_tree(cache: CacheSession, rows: Rows, tree: DraftTree, setup: Generat
     return Verified(accepted, tokens, pick(scores), pick(logits), pick(step.hidden), path, tree.tokens.shape[1] + 1)
 
 
-def _tree_contexts(rows: Rows, tree: DraftTree) -> list[list[torch.Tensor]]:
-    """Per row, per verify position (root, then each node): the row and the tokens on the node's path."""
-    out = []
-    for b, row in enumerate(rows):
-        tokens = tree.tokens[b]
-        out.append([row] + [torch.cat([row, tokens[path]]) for path in tree.paths(b)])
-    return out
+def _tree_contexts(rows: Rows, tree: DraftTree, setup: GenerationSetup) -> list[list[torch.Tensor]]:
+    """Per row, per verify position (root, then each node): the row and the tokens on the node's path. Gathered
+    on the device with one uploaded index (no read); context-free processors (temperature, top-k/p) read no
+    context, so each position then gets the row itself, unread."""
+    n = tree.tokens.shape[1]
+    if not reads_context(setup.processors, rows.owners):
+        return [[row] * (n + 1) for row in rows]
+    index, lengths = tree.path_index(tree.tokens.device)
+    on_path = tree.tokens.gather(1, index.flatten(1)).view_as(index) if n else index  # [B, N, D]
+    return [[row] + [torch.cat([row, on_path[b, i, :m]]) for i, m in enumerate(lengths[b])]
+            for b, row in enumerate(rows)]
 
 
 _pass_for.register(Proposal, lambda drafts: verify_chain)

@@ -48,5 +48,5 @@ def test_without_eos_rows_run_until_all_stopped_and_are_cut_at_the_last_stop():
     tokens, scores, logits = _block([[10, 11], [12, 13]])
     assert rows.add_block(tokens, [1, 2], scores, logits) == [1, 2]
     assert rows.stopped_at == [None, 4] and rows.retire() == [0]  # row 1 is at max_length
-    assert rows.add(0, torch.tensor([14]), torch.zeros(1, 4), torch.zeros(1, 4)) == 1
+    assert rows.add_block(torch.tensor([[14]]), [1], torch.zeros(1, 1, 4), torch.zeros(1, 1, 4)) == [1]
     assert rows.retire() == [] and rows.sequences().tolist() == [[5, 6, 10, 14], [7, 8, 12, 13]]

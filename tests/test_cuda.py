@@ -168,3 +168,50 @@ def test_embedded_model_compiled_verifier_on_cuda(smollm2, draft, tree):
         assert spec.verifier.static.failed is None
     finally:
         model.to("cpu", torch.float32)  # the session fixture is shared with the CPU tests
+
+
+def _random_eagle3(model: torch.nn.Module) -> object:
+    from specdec.drafters.eagle import EagleDrafter
+    from test_eagle import _random_head
+
+    return EagleDrafter(_random_head(model, "eagle3").to("cuda"), model)
+
+
+@pytest.mark.parametrize("draft", ["eagle", SELF, "prompt-lookup", COMPOSITE, "eagle-region"])
+@pytest.mark.parametrize("lengths", [[11], [3, 17, 9]], ids=["b1", "b3"])
+def test_a_chain_pass_syncs_once_on_cuda(draft, lengths):
+    """``torch.cuda.set_sync_debug_mode("warn")`` warns at every call that waits for the GPU: in steady state a chain
+    pass makes one (the read of the accepted counts and tokens), as ``HostTrace`` counts on a CPU
+    (tests/test_host_syncs.py). ``eagle-region``: the head's fixed-shape draft region, eager (no compile)."""
+    import warnings
+
+    from specdec.draft_length import ChainPlan
+
+    model = make_model("llama").to("cuda")
+    drafter = _random_eagle3(model) if draft.startswith("eagle") else _draft(draft, model)
+    if draft == "eagle-region":
+        drafter.static_draft = True
+    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=4)
+    ids, mask = _left_padded(lengths, "cuda")
+    kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    spec.generate(ids, **kwargs)  # warm: allocations, lazy initialisation
+    starts, propose = [], ChainPlan.propose
+
+    def marked(self, *args, **kw):
+        starts.append(len(caught))
+        return propose(self, *args, **kw)
+
+    ChainPlan.propose = marked
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                out = spec.generate(ids, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    finally:
+        ChainPlan.propose = propose
+    per_pass = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(per_pass) >= 3 and max(per_pass[:-1]) <= 1, (per_pass, [str(w.message)[:120] for w in caught][:8])
+    assert torch.equal(out, model.generate(ids, **kwargs))

@@ -25,9 +25,13 @@ def test_adaptive_draft_length_is_exact_and_adapts():
     for _ in range(20):  # perfect acceptance, free drafts, flat verify cost -> draft the most
         policy.update(4, 4, 0.0001, 0.1)
     assert policy.choose(100) == 8
-    for _ in range(20):  # nothing accepted, drafts as costly as verification -> draft the least
+    for _ in range(20):  # nothing accepted, drafts as costly as verification -> do not draft
         policy.update(4, 0, 0.1, 0.1)
-    assert policy.choose(100) == 1
+    assert policy.choose(100) == 0
+    floor = AdaptiveDraftLength(max_k=8, min_k=1)  # min_k >= 1: always draft, at least min_k
+    for _ in range(20):
+        floor.update(4, 0, 0.1, 0.1)
+    assert floor.choose(100) == 1
     with pytest.raises(ValueError):
         AdaptiveDraftLength(max_k=0)
 
@@ -65,8 +69,147 @@ def test_adaptive_sampling_with_a_seeded_generator_is_reproducible():
     runs, lengths = [], []
     for draft_seconds in (1e-6, 1.0):  # what the clock said in earlier calls: drafting free, then costly
         spec.generate(ids, **kwargs)  # an unseeded call that trains the shared, timed estimates
-        spec.policy.draft_cost, spec.policy.verify_costs = draft_seconds, {1: 0.01, 8: 0.01}
+        spec.policy.draft_costs, spec.policy.verify_costs = {1: draft_seconds}, {1: 0.01, 8: 0.01}
         runs.append(spec.generate(ids, generator=torch.Generator(device="cpu").manual_seed(11), **kwargs))
         lengths.append(spec.last_stats.committed_per_step)
     assert torch.equal(runs[0], runs[1])
     assert lengths[0] == lengths[1]
+
+
+# ------------------------------------------------------------------------------------------------
+# k = 0: plain passes where drafting does not pay, probes to find a drafter that pays again
+# ------------------------------------------------------------------------------------------------
+
+def _drive(policy, accepts, limit: int = 100) -> list[int]:
+    """Run ``policy`` for ``len(accepts)`` passes; pass ``i`` accepts ``accepts[i](k)`` of its ``k`` drafts. The
+    clock says a draft costs half a verifier pass (untimed policies ignore it)."""
+    choices = []
+    for accept in accepts:
+        k = policy.choose(limit)
+        choices.append(k)
+        policy.update(k, accept(k) if k else 0, 0.05 * k, 0.1)
+    return choices
+
+
+def _probes(choices: list[int]) -> list[int]:
+    """Indices of the passes that drafted after a plain one."""
+    return [i for i in range(1, len(choices)) if choices[i] > 0 and choices[i - 1] == 0]
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_adaptive_stops_drafting_when_nothing_is_accepted_and_probes_with_a_growing_back_off(timed):
+    from specdec.draft_length import AdaptiveDraftLength
+
+    policy = AdaptiveDraftLength(max_k=8, timed=timed, draft_cost_ratio=0.3)
+    choices = _drive(policy, [lambda k: 0] * 200)
+    assert choices[0] > 0 and 0 in choices[:6]  # the prior drafts, a few rejected passes stop it
+    assert sum(k > 0 for k in choices) <= 12  # after that: a probe now and then
+    probes = _probes(choices)
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 4 and gaps == sorted(gaps) and gaps[-1] == policy.max_backoff + 1  # back-off doubles to its cap
+    assert all(choices[i] == 1 for i in probes)  # a probe drafts what the estimates favour: one token
+    if timed:
+        assert 0 in policy.verify_costs  # a plain pass's cost is measured, not extrapolated
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_adaptive_drafts_again_when_acceptance_recovers(timed):
+    from specdec.draft_length import AdaptiveDraftLength
+
+    policy = AdaptiveDraftLength(max_k=8, timed=timed, draft_cost_ratio=0.3)
+    useless, perfect = [lambda k: 0] * 100, [lambda k: k] * 60
+    choices = _drive(policy, useless + perfect)
+    assert choices[90:100].count(0) >= 8
+    back = next(i for i in range(100, 160) if choices[i] > 0)  # the first probe once drafts are good
+    assert back <= 100 + policy.max_backoff
+    assert all(k > 0 for k in choices[back + 1:])  # found again: it keeps drafting ...
+    assert choices[-1] == 8  # ... and grows k to the most
+    assert all(k > 0 for k in _drive(policy, [lambda k: min(k, 2)] * 40))  # a good drafter is never stopped
+
+
+def test_untimed_choices_depend_on_accepted_counts_only():
+    """A seeded call's k sequence must not depend on the clock: two untimed policies fed the same accepted
+    counts with different timings choose alike."""
+    from specdec.draft_length import AdaptiveDraftLength
+
+    accepts = [(lambda k, i=i: 0 if i < 50 or i % 7 else k) for i in range(150)]  # useless, then now and then good
+    runs = []
+    for clock in (1e-6, 1.0):
+        policy, choices = AdaptiveDraftLength(max_k=6, timed=False, draft_cost_ratio=0.2), []
+        for accept in accepts:
+            k = policy.choose(100)
+            choices.append(k)
+            policy.update(k, accept(k) if k else 0, clock * k, clock)
+        runs.append(choices)
+    assert runs[0] == runs[1] and 0 in runs[0] and max(runs[0]) > 1
+
+
+def test_pooled_acceptance_is_unbiased():
+    """Accepted drafts over trials, pooled: a moving average of each pass's own rate reads ~0.52 at a = 0.7, k = 4
+    and so chose too short a k where drafts are good."""
+    import random
+    from specdec.draft_length import AdaptiveDraftLength
+
+    rng, policy = random.Random(0), AdaptiveDraftLength(max_k=4, min_k=4, timed=False, decay=0.99)
+    for _ in range(2000):
+        accepted = 0
+        while accepted < 4 and rng.random() < 0.7:
+            accepted += 1
+        policy.update(4, accepted, 0.0, 0.0)
+    assert policy.acceptance == pytest.approx(0.7, abs=0.05)
+
+
+class _WrongOracle:
+    """Builds a drafter that proposes the verifier's greedy continuation off by one token (always rejected) until a
+    row holds ``turn`` tokens, and the continuation itself (always accepted) from there."""
+
+    @staticmethod
+    def make(expected: torch.Tensor, turn: int | None = None):
+        from specdec.drafters.oracle import OracleDrafter
+        from specdec.protocol import Proposal
+
+        class Drafter(OracleDrafter):
+            def propose(self, rows, k, ctx):
+                proposal = super().propose(rows, k, ctx)
+                if turn is not None and min(rows.length(b) for b in range(len(rows))) >= turn:
+                    return proposal
+                return Proposal((proposal.tokens + 1) % ctx.vocab_size)
+
+        return Drafter(expected)
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_adaptive_with_a_useless_drafter_mostly_decodes_plainly(sample):
+    model = make_model("llama")
+    ids = torch.tensor([[4, 9, 13, 2, 77, 5]])
+    kwargs = dict(max_new_tokens=80, eos_token_id=None)
+    expected = model.generate(ids, do_sample=False, **kwargs)
+    spec = specdec.SpeculativeModel(model, _WrongOracle.make(expected), num_draft_tokens=6, adaptive=True)
+    spec.policy.timed = False  # choices from the accepted counts alone: the test cannot depend on the clock
+    if sample:  # a seeded call: the untimed policy, reproducible
+        runs = [spec.generate(ids, do_sample=True, generator=torch.Generator().manual_seed(5), **kwargs)
+                for _ in range(2)]
+        assert torch.equal(runs[0], runs[1])
+    else:
+        assert torch.equal(spec.generate(ids, do_sample=False, **kwargs), expected)
+        assert spec.last_stats.accepted == 0
+    stats = spec.last_stats
+    assert stats.drafted_passes <= stats.verifier_forwards // 4  # most passes did not draft
+    assert stats.to_dict()["drafted_passes"] == stats.drafted_passes
+    assert stats.proposed_per_position[0] == stats.drafted_passes  # a chain: every drafting pass proposes position 0
+
+
+def test_adaptive_finds_a_drafter_that_turns_good():
+    model = make_model("qwen2")
+    ids = torch.tensor([[4, 9, 13, 2, 77, 5]])
+    kwargs = dict(max_new_tokens=120, do_sample=False, eos_token_id=None)
+    expected = model.generate(ids, **kwargs)
+    spec = specdec.SpeculativeModel(model, _WrongOracle.make(expected, turn=ids.shape[1] + 40), num_draft_tokens=6,
+                                    adaptive=True)
+    spec.policy.timed = False  # choices from the accepted counts alone: the test cannot depend on the clock
+    assert torch.equal(spec.generate(ids, **kwargs), expected)
+    stats = spec.last_stats
+    # plain passes while the drafts are wrong, then long accepted runs: far fewer passes than tokens
+    assert 0 in spec.policy.history and spec.policy.history[-1] == 6 and stats.accepted >= 30
+    # found again within one back-off: at most max_backoff plain passes after the turn, then long accepted runs
+    assert stats.verifier_forwards <= 40 + spec.policy.max_backoff + 15

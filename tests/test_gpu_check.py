@@ -15,7 +15,7 @@ import torch
 
 import specdec
 from specdec.drafters import OracleDrafter
-from tiny_models import VOCAB, make_model
+from tiny_models import VOCAB, left_padded, make_model
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
@@ -29,21 +29,10 @@ def _gpu_check():
     return module
 
 
-def _left_padded(lengths, seed=0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    width = max(lengths)
-    ids = torch.zeros((len(lengths), width), dtype=torch.long, device="cpu")
-    mask = torch.zeros_like(ids)
-    for r, n in enumerate(lengths):
-        ids[r, width - n:] = torch.randint(3, VOCAB, (n,), generator=gen, device="cpu")
-        mask[r, width - n:] = 1
-    return ids, mask
-
-
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_oracle_reproduces_generate_with_every_draft_accepted(k):
     model = make_model("llama")
-    ids, mask = _left_padded([9])
+    ids, mask = left_padded([9])
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=20, **KW)
     spec = specdec.SpeculativeModel(model, OracleDrafter(ref), num_draft_tokens=k)
     out = spec.generate(ids, attention_mask=mask, max_new_tokens=20, **KW)
@@ -55,7 +44,7 @@ def test_oracle_reproduces_generate_with_every_draft_accepted(k):
 
 def test_oracle_on_a_ragged_batch_of_two_rows():
     model = make_model("qwen2")
-    ids, mask = _left_padded([5, 13], seed=3)
+    ids, mask = left_padded([5, 13], seed=3)
     oracle = OracleDrafter.from_generate(model, ids, mask, max_new_tokens=17, eos_token_id=None, pad_token_id=0)
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=17, **KW)
     assert oracle.expected == ref.tolist()
@@ -68,7 +57,7 @@ def test_oracle_on_a_ragged_batch_of_two_rows():
 def test_oracle_follows_rows_that_leave_the_batch():
     """Row 0 stops at an EOS first; row 1 must still get its own expected tokens (matched by owner, not position)."""
     model = make_model("llama")
-    ids, mask = _left_padded([7, 11], seed=5)
+    ids, mask = left_padded([7, 11], seed=5)
     free = model.generate(ids, attention_mask=mask, max_new_tokens=24, **KW)[:, ids.shape[1]:]
     # an EOS that ends row 0 early and never appears in row 1
     eos = next(int(t) for t in free[0, 2:10] if int(t) not in free[1].tolist())
@@ -87,7 +76,7 @@ def test_oracle_follows_rows_that_leave_the_batch():
 
 def test_a_wrong_or_short_oracle_costs_acceptance_never_output():
     model = make_model("llama")
-    ids, mask = _left_padded([8], seed=1)
+    ids, mask = left_padded([8], seed=1)
     ref = model.generate(ids, attention_mask=mask, max_new_tokens=16, **KW)
     wrong = ref.clone()
     wrong[0, ids.shape[1] + 3:] = (wrong[0, ids.shape[1] + 3:] + 1) % VOCAB
@@ -162,10 +151,11 @@ def test_auto_part_size_fits_one_call_beside_the_tree(tmp_path):
 def test_gpu_check_quick_on_cpu(tmp_path):
     out = tmp_path / "check"
     run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
-    stages = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench")
+    stages = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench",
+              "simulated", "syncs_per_pass")
     assert all(stage in data for stage in stages)
     markdown = (out / "gpu_check.md").read_text()
     assert markdown.startswith("# specdec GPU check") and "--quick" in markdown.split("\n")[3]
@@ -174,14 +164,12 @@ def test_gpu_check_quick_on_cpu(tmp_path):
 
     engine = data["engine_overhead"]["models"]["tiny"]
     assert engine["status"] == "ok", engine
-    # hf, the uncompiled sweep over every k, then compile_verifier for every k, hf-compiled last: a timeout while
-    # compiling keeps the whole uncompiled sweep
+    # hf, the uncompiled sweep over every k (default: 4), hf-compiled, then compile_verifier for every k: a timeout
+    # while priming the verifier keeps the uncompiled sweep and hf-compiled, which every vs_hf_compiled needs
     order = [r["method"] for r in engine["rows"]]
-    uncompiled = [f"specdec[oracle,k={k}]" for k in (1, 4, 8)]
-    compiled = [f"specdec[oracle,k={k},compile_verifier]" for k in (1, 4, 8)]
-    assert order == ["hf", *uncompiled, *compiled, "hf-compiled"], order
+    assert order == ["hf", "specdec[oracle,k=4]", "hf-compiled", "specdec[oracle,k=4,compile_verifier]"], order
     rows = {r["method"]: r for r in engine["rows"]}
-    for k in (1, 4, 8):
+    for k in (4,):
         oracle = rows[f"specdec[oracle,k={k}]"]
         assert oracle["acceptance_rate"] == 1.0 and oracle["identical_to_generate"] is True
         assert oracle["calibration_runs"] == 0 and oracle["tokens_per_pass"] > 1
@@ -217,7 +205,35 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     assert not (out / "spec_bench_compiled").exists()
     labels = [step["label"] for step in data["timing"]["stages"]]
     assert labels == ["environment", "cuda_tests", "build tiny", "verify_cost tiny", "engine_overhead tiny",
-                      "drafter_costs tiny", "spec_bench"], labels
+                      "drafter_costs tiny", "simulated tiny", "syncs_per_pass tiny", "spec_bench"], labels
+
+    # SIMULATED acceptance: the head eager at 2 / 3 / 4 tokens per pass, a model drafter at 3, then the compiled head
+    # with compile_verifier at 2 / 3 / 4, the shipped head's profile last; every row labelled, every output generate's
+    sim = data["simulated"]["models"]["tiny"]
+    assert data["simulated"]["status"] == "ok" and sim["status"] == "ok", sim
+    assert sim["baselines"]["hf"] == rows["hf"]["tokens_per_s"]
+    assert sim["baselines"]["hf-compiled"] == rows["hf-compiled"]["tokens_per_s"]
+    sim_rows = sim["rows"]
+    assert [(r["verifier"], r["drafter"], r["expected_tokens_per_pass"]) for r in sim_rows] == [
+        ("eager", "eagle3 (random head)", 2.0), ("eager", "eagle3 (random head)", 3.0),
+        ("eager", "eagle3 (random head)", 4.0), ("eager", "tiny model drafter", 3.0),
+        *[("compile_verifier", "eagle3 (random head, compile_drafter)", t) for t in (2.0, 3.0, 4.0)],
+        ("compile_verifier", "eagle3 (random head, compile_drafter)", 1.638)], sim_rows
+    for r in sim_rows:
+        assert r["status"] == "ok" and r["simulated"] is True and r["method"].startswith("SIMULATED["), r
+        assert r["identical_to_generate"] is True and r["calibration_runs"] == 0
+        assert r["tokens_per_pass"] > 1 and r["tokens_per_s"] > 0 and r["vs_hf"] > 0 and r["vs_hf_compiled"] > 0
+        assert r["graphs_compiled_in_timed_run"] == 0 or r["verifier"] == "compile_verifier"
+    assert "head-v2" in sim_rows[-1]["profile"] and "BENCHMARKS.md section 18" in sim["profiles_source"]
+    section = markdown.split("## 7. SIMULATED")[1].split("## 8.")[0]
+    table = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(table) == len(sim_rows) and all("SIMULATED[" in line for line in table), table
+
+    syncs = data["syncs_per_pass"]["models"]["tiny"]
+    assert data["syncs_per_pass"]["status"] == "ok" and syncs["status"] == "ok", syncs
+    assert syncs["passes"] > 1 and syncs["host_trace_syncs_per_pass"] is not None
+    assert syncs["sync_debug_mode"] == "not available on cpu" and syncs["sync_warnings_per_pass"] is None
+    assert syncs["drafter"].startswith("SIMULATED[") and "## 8. Syncs per pass" in markdown
 
 
 def test_gpu_check_runs_spec_bench_after_the_first_model(tmp_path, monkeypatch):
@@ -258,3 +274,99 @@ def test_gpu_check_runs_spec_bench_after_the_first_model(tmp_path, monkeypatch):
                     "--out", str(out)]) == 0
     steps = json.loads((out / "gpu_check.json").read_text())["timing"]["stages"]
     assert [s["label"] for s in steps] == ["spec_bench"] and steps[0]["box_seconds"] == cap
+
+
+def test_v2_defaults_and_arguments():
+    """The default run is v2 (issue 43): both shapes, oracle k=4, the CUDA test subset, no self-drafters, SIMULATED
+    2 / 3 / 4 tokens per pass and a model drafter at 3, within 480 s."""
+    gc = _gpu_check()
+    args = gc.parse_args(["--out", "o"])
+    assert args.models == ["1b", "8b"] and args.ks == [4] and args.budget_seconds == 480
+    assert args.cuda_tests == "subset" and args.self_schemes == () and args.sim_shipped
+    assert args.sim_tokens == [2.0, 3.0, 4.0] and args.sim_model_tokens == 3.0 and args.sync_new_tokens == 32
+    assert set(args.stages.split(",")) == set(gc.STAGES)
+    quick = gc.parse_args(["--out", "o", "--quick"])
+    assert quick.self_schemes == gc.SELF_SCHEMES and quick.models == ["tiny"]
+    assert gc.parse_args(["--out", "o", "--self-schemes", "int4,nf4"]).self_schemes == ("int4", "nf4")
+    for bad in (["--self-schemes", "int3"], ["--sim-tokens", "6"], ["--sim-model-tokens", "0.5"]):
+        with pytest.raises(SystemExit):
+            gc.parse_args(["--out", "o", *bad])
+    # the 8b's reserve, the CUDA tests' box, the environment's and the 1b's floors fit the budget
+    one, eight = gc.SHAPES["1b"], gc.SHAPES["8b"]
+    assert gc.STAGE_CAPS["environment"] + gc.STAGE_CAPS["cuda_tests"] + eight["reserve"] + sum(
+        one["floors"].values()) < args.budget_seconds
+    assert eight["drafter"] == "1b" and set(gc.MODEL_STAGES) <= set(one["caps"]) & set(eight["caps"])
+    assert gc.STAGE_CAPS["cuda_tests"] <= 90
+
+
+def test_help_and_the_cuda_subset_collect():
+    help_run = subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+    assert help_run.returncode == 0 and "--sim-tokens" in help_run.stdout and "SIMULATED" in help_run.stdout
+    gc = _gpu_check()
+    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly",
+                              "tests/test_cuda.py", "-m", "not slow", "-k", gc.CUDA_TEST_SUBSET],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert collect.returncode == 0, collect.stdout[-2000:]
+    chosen = [line for line in collect.stdout.splitlines() if line.startswith("tests/test_cuda.py::")]
+    assert 10 <= len(chosen) <= 60, len(chosen)  # every drafter kind on one architecture, not all 180 cases
+    assert any("compiled_verifier" in t for t in chosen) and all("static" not in t for t in chosen)
+
+
+def test_markdown_labels_every_simulated_row(tmp_path):
+    gc = _gpu_check()
+    report = gc.Report(tmp_path, "python benchmarks/gpu_check.py --out x", {"budget_seconds": 480}, 480)
+    row = dict(method="SIMULATED[3 tokens/pass at k=4 (a=0.741)] over eagle3 (random head)", simulated=True,
+               verifier="eager", expected_tokens_per_pass=3.0, tokens_per_pass=2.9, tokens_per_s=80.0, vs_hf=1.9,
+               vs_hf_compiled=1.2, status="ok")
+    report.data["simulated"] = {"status": "ok", "models": {"8b": {
+        "status": "ok", "rows": [row, {**row, "method": row["method"] + " +compile_verifier",
+                                       "verifier": "compile_verifier"}],
+        "baselines": {"hf": 42.0, "hf-compiled": 66.0}, "k": 4, "new_tokens": 128,
+        "head_eager": gc.HEAD_EAGER, "head_compiled": gc.HEAD_COMPILED, "profiles_source": "BENCHMARKS.md"}}}
+    report.data["syncs_per_pass"] = {"status": "ok", "models": {"8b": {
+        "status": "ok", "drafter": row["method"], "k": 4, "new_tokens": 32, "sync_debug_mode": "warn", "passes": 12,
+        "sync_warnings_per_pass": 1.0, "host_trace_syncs_per_pass": 1.0, "sync_warning_sites": [["engine.py:86", 11]],
+        "host_trace_sites": [["Tensor.tolist", "verification.py:41 read", 11]]}}}
+    report.write()
+    markdown = (tmp_path / "gpu_check.md").read_text()
+    section = markdown.split("## 7. SIMULATED acceptance")[1].split("## 8. Syncs per pass")[0]
+    table = [line for line in section.splitlines() if line.startswith("| SIM")]
+    assert len(table) == 2 and "hf 42.0 tok/s, hf-compiled 66.0 tok/s" in section
+    assert "| set_sync_debug_mode warnings per steady pass | 1.0 |" in markdown and "`engine.py:86` x11" in markdown
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["simulated"]["models"]["8b"]["rows"][0]["vs_hf_compiled"] == 1.2
+    assert data["syncs_per_pass"]["models"]["8b"]["sync_warnings_per_pass"] == 1.0
+
+
+def test_each_model_leaves_the_next_its_reserve_and_its_later_stages_their_floors(tmp_path, monkeypatch):
+    """Stub stages: the boxes of the first model's steps leave the second model's reserve and the first model's
+    later floors; the second model, the last, gets the rest."""
+    gc = _gpu_check()
+    monkeypatch.setattr(gc, "carry_dirs", lambda extra: [])
+    monkeypatch.setattr(gc, "build_model", lambda name, device, dtype: torch.nn.Linear(2, 2))
+    for stage in ("stage_verify_cost", "stage_engine_overhead", "stage_drafter_costs", "stage_syncs_per_pass"):
+        monkeypatch.setattr(gc, stage, lambda entry, *a: None)
+    monkeypatch.setattr(gc, "stage_simulated", lambda entry, model, state, args, drafter: entry.update(
+        drafter=drafter is not None))
+    shapes = {name: dict(gc.SHAPES[name]) for name in ("tiny", "135m")}
+    shapes["tiny"]["floors"] = {"simulated": 30, "syncs_per_pass": 10}
+    shapes["135m"]["reserve"] = 100
+    monkeypatch.setattr(gc, "SHAPES", {**gc.SHAPES, **shapes})
+    out = tmp_path / "reserve"
+    assert gc.main(["--device", "cpu", "--quick", "--models", "tiny,135m", "--budget-seconds", "400", "--out",
+                    str(out), "--stages", ",".join(gc.MODEL_STAGES)]) == 0
+    data = json.loads((out / "gpu_check.json").read_text())
+    steps = {s["label"]: s for s in data["timing"]["stages"]}
+    assert list(steps) == [f"{step} {m}" for m in ("tiny", "135m") for step in ("build", *gc.MODEL_STAGES)]
+
+    def left(label):  # what the budget had left when the step started
+        return 400 - steps[label]["start"]
+
+    assert steps["engine_overhead tiny"]["box_seconds"] <= left("engine_overhead tiny") - 140 + 1
+    assert steps["simulated tiny"]["box_seconds"] <= left("simulated tiny") - 110 + 1
+    assert steps["syncs_per_pass tiny"]["box_seconds"] <= left("syncs_per_pass tiny") - 100 + 1
+    assert steps["verify_cost 135m"]["box_seconds"] > left("verify_cost 135m") - 5  # the last model: all the rest
+    assert data["simulated"]["models"]["tiny"]["drafter"] is True  # the toy drafts with a second toy
+    assert data["simulated"]["models"]["135m"]["drafter"] is False
+    assert all(data[s]["status"] == "ok" for s in gc.MODEL_STAGES)

@@ -5,7 +5,7 @@ import torch
 
 import specdec
 from specdec.drafters import PromptLookupDrafter
-from specdec.drafters.base import DraftContext
+from specdec.drafters.base import DraftContext, Rows
 from specdec.drafters.prompt_lookup import lookup
 from tiny_models import make_model
 
@@ -22,7 +22,7 @@ def test_batch_proposals_are_padded_and_skip_left_padding():
     drafter = PromptLookupDrafter(max_ngram=2)
     ids = torch.tensor([[0, 0, 3, 4, 5, 3, 4], [6, 7, 8, 6, 7, 9, 1]])
     drafter.start(ids, torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7]), 32)
-    proposal = drafter.propose(ids, 4, DraftContext(None, False))
+    proposal = drafter.propose(Rows(ids, [7, 7]), 4, DraftContext(None, False))
     # row 0: "3 4" -> 5 3 4 (the left padding is not searched); row 1 has no match: filler tokens
     assert proposal.tokens.tolist() == [[5, 3, 4], [1, 1, 1]]
     assert proposal.probs is None
@@ -32,7 +32,7 @@ def test_no_match_anywhere_means_a_plain_step():
     drafter = PromptLookupDrafter()
     ids = torch.tensor([[1, 2, 3]])
     drafter.start(ids, None, 8)
-    assert drafter.propose(ids, 4, DraftContext(None, False)).tokens.shape == (1, 0)
+    assert drafter.propose(Rows(ids, [3]), 4, DraftContext(None, False)).tokens.shape == (1, 0)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "mistral"])

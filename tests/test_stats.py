@@ -75,7 +75,7 @@ RATES = ["acceptance_rate", "mean_accepted_length", "acceptance_by_position", "m
 ROW_KEYS = ["proposed", "accepted", "verifier_passes", "committed", "accepted_lengths", "proposed_per_position",
             "accepted_per_position", *RATES]
 SPEC_KEYS = ["num_draft_tokens", "batch_size", "new_tokens", "proposed", "accepted", "verifier_forwards",
-             "drafter_forwards", "drafter_stats", "proposed_per_position", "accepted_per_position",
+             "drafted_passes", "drafter_forwards", "drafter_stats", "proposed_per_position", "accepted_per_position",
              "time_to_first_token", "draft_seconds", "total_time", "rows", "tree", *RATES, "mean_tree_tokens",
              "time_per_output_token", "tokens_per_second"]
 

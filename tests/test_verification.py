@@ -6,7 +6,7 @@ The pass runs on a real cache session of a tiny model; the expected tokens are t
 import torch
 
 from specdec.arguments import prepare_generation
-from specdec.protocol import Proposal, Rows
+from specdec.protocol import Commit, Proposal, Rows
 from specdec.trees.tree import DraftTree
 from specdec.verification import verify
 from specdec.verifiers import CausalLMRunner
@@ -45,7 +45,7 @@ def test_a_chain_of_the_models_own_tokens_is_accepted_whole():
     greedy = _greedy(model, 5)
     cache, rows, fed, v = _pass(model, Proposal(torch.tensor([greedy[1:4]])))
     assert v.accepted.tolist() == [3] and v.tokens[0].tolist() == greedy[1:5]  # 3 drafts + the bonus token
-    v.keep(cache, fed, v.accepted + 1)
+    v.keep(cache, Commit(rows, v.accepted, v.accepted + 1))
     assert cache.counts.tolist() == [fed.item() + 4]
     _next_logits_equal_a_fresh_forward(model, cache, rows, v)
 
@@ -56,7 +56,7 @@ def test_a_wrong_first_draft_commits_the_verifiers_token_and_rolls_back():
     wrong = (greedy[1] + 1) % 90 + 3
     cache, rows, fed, v = _pass(model, Proposal(torch.tensor([[wrong, greedy[2]]])))
     assert v.accepted.tolist() == [0] and v.tokens[0, 0].item() == greedy[1]
-    v.keep(cache, fed, v.accepted + 1)
+    v.keep(cache, Commit(rows, v.accepted, v.accepted + 1))
     assert cache.counts.tolist() == [fed.item() + 1]  # the root only: the rejected drafts are gone
     _next_logits_equal_a_fresh_forward(model, cache, rows, v)
 
@@ -71,5 +71,5 @@ def test_a_tree_keeps_its_accepted_branch_in_place():
     cache, rows, fed, v = _pass(model, tree)
     assert v.accepted.tolist() == [2] and v.path[0].tolist() == [1, 2]
     assert v.tokens[0, :3].tolist() == greedy[1:4]
-    v.keep(cache, fed, v.accepted + 1)
+    v.keep(cache, Commit(rows, v.accepted, v.accepted + 1))
     _next_logits_equal_a_fresh_forward(model, cache, rows, v)

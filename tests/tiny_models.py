@@ -55,6 +55,18 @@ def perturbed_copy(model: torch.nn.Module, noise: float, seed: int = 123) -> tor
     return draft
 
 
+def left_padded(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ragged batch of random prompts of ``lengths`` tokens, left padded with 0: ``(input_ids, attention_mask)``."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long, device="cpu")
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        ids[r, width - n:] = torch.randint(3, VOCAB, (n,), generator=gen, device="cpu")
+        mask[r, width - n:] = 1
+    return ids, mask
+
+
 def char_tokenizer():
     """A character-level fast tokenizer within the tiny vocabulary (for CLI and pipeline tests that need one)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers

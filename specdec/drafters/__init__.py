@@ -14,8 +14,10 @@ from specdec.drafters.composite import CompositeDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.oracle import OracleDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
+from specdec.drafters.simulated import AcceptanceProfile, SimulatedDrafter
 
 __all__ = [
+    "AcceptanceProfile",
     "COMPOSITE_DEFAULT_SCHEME",
     "Commit",
     "CompositeDrafter",
@@ -30,6 +32,7 @@ __all__ = [
     "PromptLookupDrafter",
     "Proposal",
     "Rows",
+    "SimulatedDrafter",
     "VocabularyMismatchError",
     "check_vocab_compat",
     "parse_draft",

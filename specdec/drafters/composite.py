@@ -10,6 +10,7 @@ from specdec.drafters.base import Drafter
 from specdec.protocol import Commit, DraftContext, Proposal, Rows
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.trees.build import TreeShape
+from specdec.transfer import upload
 from specdec.trees.tree import DraftTree, RowTree, pack
 from specdec.verifiers.session import CacheSession
 
@@ -92,15 +93,16 @@ class CompositeDrafter(Drafter):
             return self.lookup.propose_tree(rows, shape, ctx)
         self.model_steps += 1
         tree = self.model_drafter.propose_tree(rows, shape, ctx)
-        merged = []
+        merged, sizes = [], []
         for b, branch in enumerate(branches):
-            own = RowTree.from_tree(tree, b)
+            own = RowTree.from_tree(tree, b, values=False)  # its tokens: the model's host copy, or one read per tree
             size = len(own)
             if branch and len(branch[0]) >= self.min_match:
                 own.add_path(branch[0], [0.0] * len(branch[0]))
                 self.lookup_nodes += len(own) - size
             merged.append(own)
-        return pack(merged, rows.device, ctx.vocab_size)
+            sizes.append(size)
+        return pack(merged, rows.device, ctx.vocab_size, _merged_values(tree.values, sizes, max(map(len, merged))))
 
     def commit(self, update: Commit) -> None:
         self.model_drafter.commit(update)  # a no-op for it when the lookup proposed
@@ -116,3 +118,14 @@ class CompositeDrafter(Drafter):
     def finish(self) -> None:
         self.lookup.finish()
         self.model_drafter.finish()
+
+
+def _merged_values(values: torch.Tensor | None, sizes: list[int], width: int) -> torch.Tensor | None:
+    """The merged trees' values ``[B, width]`` on the device: row ``b``'s first ``sizes[b]`` nodes are the model's
+    (their values kept), the lookup's after them are worth 0 (as :class:`RowTree` values them). No device read."""
+    if values is None:
+        return None
+    n = values.shape[1]
+    values = values[:, :width] if n >= width else torch.nn.functional.pad(values, (0, width - n))
+    own = torch.arange(width, device=values.device) < upload(sizes, torch.long, values.device).unsqueeze(1)
+    return torch.where(own, values, 0.0)

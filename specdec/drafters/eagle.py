@@ -23,9 +23,16 @@ from specdec.protocol import Commit, DraftContext, Proposal, Rows
 from specdec.verifiers.static import COMPILE_ERRORS
 from specdec.drafters.model import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
+from specdec.heads.static_draft import draft_chain, region_steps
+from specdec.slots import STATIC_LENGTH_STEP
 from specdec.heads.modules import CachedKeyValues, EagleHead, HeadCache, TreeKeyValues
 from specdec.trees.build import TreeShape, grow_tree
+from specdec.transfer import upload
 from specdec.trees.tree import DraftTree
+
+
+#: static drafts: head cache slots kept free past ``max_len`` for a padded feed and the drafts of one pass
+_STATIC_ROOM = 64
 
 
 class EagleDrafter(Drafter):
@@ -41,12 +48,22 @@ class EagleDrafter(Drafter):
         self._pending: list[torch.Tensor] = []  # per row: features whose next token was not yet fed
         self._pads: list[int] = []  # per row: left padding of its prompt
         self._committed: torch.Tensor | None = None
+        self._pending_counts: torch.Tensor | None = None  # len of each row's pending, on the device, when known there
+        self._lengths: list[int] = []  # host mirror of the head cache's lengths
+        self._committed_lengths: list[int] = []
         c = head.config
         identity = c.kind == "eagle" or (c.draft_vocab_size == c.vocab_size and not bool(head.d2t.any()))
         # verifier ids of the head's vocabulary rows; None when they are the verifier's ids already
         self._draft_ids = None if identity else head.to_target(torch.arange(c.draft_vocab_size, device=head.d2t.device))
         # compile(): {"pass": ..., "logits": ...} compiled functions, shared by the per-call copies (emptied on failure)
         self._compiled: dict[str, Any] | None = None
+        #: greedy chains draft through one region of fixed shapes (:mod:`specdec.heads.static_draft`), captured as a
+        #: CUDA graph when compiled on a GPU; :meth:`compile` turns it on
+        self.static_draft = False
+        self._fed_hidden: torch.Tensor | None = None  # the last commit's features, while they are the whole pending
+        self._fed_host: list[int] = []
+        self._pads_t: torch.Tensor | None = None
+        self._steps = 1  # static drafts: the region's k in this call (the widest met)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, verifier: Any) -> "EagleDrafter":
@@ -62,7 +79,9 @@ class EagleDrafter(Drafter):
         return True
 
     def compile(self) -> None:
-        """Run the head's passes and draft logits through ``torch.compile`` (inductor, dynamic shapes).
+        """Run the head's passes and draft logits through ``torch.compile`` (inductor, dynamic shapes), and greedy
+        chains through one fixed-shape region per ``k`` (:mod:`specdec.heads.static_draft`): on a GPU a CUDA graph
+        (``mode="reduce-overhead"``) replayed every pass, with no host read inside.
 
         A head step is a few dozen small ops (norms, rotary, attention glue): per-op overhead on a CPU (about a fifth
         of the step, measured on the shipped head) and one kernel launch each on a GPU, which inductor fuses. Drafts
@@ -73,17 +92,22 @@ class EagleDrafter(Drafter):
         # need more than that; a second head compiles its own
         self._compiled = {kind: torch.compile(_own_code(_head_pass), dynamic=True) for kind in ("feed", "step", "tree")}
         self._compiled["logits"] = torch.compile(_own_code(_head_logits), dynamic=True)
+        self.static_draft = True  # greedy chains: the whole draft as one graph per k (made at first use)
 
     def prime(self) -> None:
         """Compile now with dummy passes of every kind a call runs (feeds of one and of several committed tokens,
-        one-token chain steps, tree frontiers of one and of several nodes), for one row and for several: dynamic
+        one-token chain steps, tree frontiers of one and of several nodes, the static chain region for ``k`` up to
+        4), for one row and for several: dynamic
         shapes cover every size but 1, which dynamo specialises."""
         if not self._compiled:
             return
         c, p = self.head.config, next(self.head.parameters())
         call, ctx, device = self.for_call(), DraftContext(None, False), p.device
+        # eager feeds and steps (sampling, processors, trees, composite) and, when on, the static chain region (k=3)
+        runs = [(static, batch, prompt) for static in sorted({False, self.static_draft}) for batch, prompt in ((1, 3), (2, 6))]
         with torch.no_grad():
-            for batch, prompt in ((1, 3), (2, 6)):
+            for static, batch, prompt in runs:
+                call.static_draft = static
                 zeros = lambda n, width: torch.zeros(batch, n, width, dtype=p.dtype, device=device)  # noqa: E731
                 ones = lambda n: torch.ones(batch, n, dtype=torch.long, device=device)  # noqa: E731
                 each = lambda n: torch.full((batch,), n, dtype=torch.long, device=device)  # noqa: E731
@@ -110,16 +134,23 @@ class EagleDrafter(Drafter):
         batch = input_ids.shape[0]
         self._pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
         c, p = self.head.config, next(self.head.parameters())
-        self._cache = HeadCache(len(self.head.decoder_layers), batch, max_len + 1, c.num_key_value_heads, c.head_dim,
+        # static drafts: slots rounded up (calls of similar lengths share graphs), with room for a feed and the drafts
+        slots = -(-(max_len + 1 + _STATIC_ROOM) // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP if self.static_draft \
+            else max_len + 1
+        self._cache = HeadCache(len(self.head.decoder_layers), batch, slots, c.num_key_value_heads, c.head_dim,
                                 p.dtype, p.device)
+        self._pads_t = upload(self._pads, torch.long, p.device) if self.static_draft else None
+        self._fed_hidden, self._steps = None, 1
         self._pending = [hidden[b, pad:] for b, pad in enumerate(self._pads)]
+        self._pending_counts = None
         self._committed = self._cache.lengths.clone()
+        self._lengths = [0] * batch  # host mirror of the cache's lengths: the loop never reads them back
+        self._committed_lengths = list(self._lengths)
 
     def _feed_pending(self, rows: Rows) -> torch.Tensor:
         """Feed every row's pending (feature, next token) pairs in one pass; the output after each row's last."""
-        cache, counts = self._cache, [len(p) for p in self._pending]
-        width, lengths = max(counts), cache.lengths.tolist()
-        device = cache.lengths.device
+        cache, counts, lengths = self._cache, [len(p) for p in self._pending], self._lengths
+        width, device = max(counts), cache.lengths.device
         feats = torch.zeros(len(rows), width, self._pending[0].shape[-1], dtype=self._pending[0].dtype, device=device)
         tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         for b, (pending, n) in enumerate(zip(self._pending, counts)):
@@ -127,15 +158,17 @@ class EagleDrafter(Drafter):
             feats[b, :n] = pending
             tokens[b, :n] = rows[b][start:start + n]
         out = self._run(tokens, feats, own=False)
-        cache.lengths = cache.lengths + torch.tensor(counts, dtype=torch.long, device=device)
-        self._pending = []
-        last = torch.tensor([n - 1 for n in counts], dtype=torch.long, device=device)
-        return out[torch.arange(len(rows), device=device), last].unsqueeze(1)
+        # the counts on the device: the last commit's ``added`` when it alone made the pending features
+        counts_t = self._pending_counts if self._pending_counts is not None else upload(counts, torch.long, device)
+        cache.lengths = cache.lengths + counts_t
+        self._lengths = [length + n for length, n in zip(lengths, counts)]
+        self._pending, self._pending_counts, self._fed_hidden = [], None, None
+        return out[torch.arange(len(rows), device=device), counts_t - 1].unsqueeze(1)
 
     def _run(self, tokens: torch.Tensor, feats: torch.Tensor, own: bool) -> torch.Tensor:
         self.forwards += 1
         kind = "step" if own else "feed"
-        return self._pass(kind, tokens, feats, own, CachedKeyValues(self._cache, tokens.shape[1]))
+        return self._pass(kind, tokens, feats, own, CachedKeyValues(self._cache, tokens.shape[1], max(self._lengths)))
 
     def _pass(self, kind: str, tokens: torch.Tensor, feats: torch.Tensor, own: bool, kv: Any) -> torch.Tensor:
         """One head pass of ``kind`` (``feed``, ``step``, ``tree``; compiled after :meth:`compile`): its pre-norm
@@ -145,7 +178,7 @@ class EagleDrafter(Drafter):
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._call("logits", _head_logits, self.head, hidden)
 
-    def _call(self, name: str, eager: Any, *args: Any) -> torch.Tensor:
+    def _call(self, name: str, eager: Any, *args: Any) -> Any:
         compiled = self._compiled.get(name) if self._compiled else None
         if compiled is not None:
             try:
@@ -159,9 +192,15 @@ class EagleDrafter(Drafter):
     def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
         if k <= 0:
             return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
+        if self.static_draft and not (ctx.do_sample or ctx.processors) and self._fed_hidden is not None:
+            # the feed must fit, and one region serves the call: passes that ask for fewer drafts (the last ones,
+            # an adaptive k) run the widest region met and drop the extra drafts
+            steps = self._steps = region_steps(max(k, self._fed_hidden.shape[1] - 1, self._steps))
+            if max(self._lengths) + 2 * steps + 1 <= self._cache.slots:
+                return self._propose_static(rows, k, steps)
         with torch.no_grad():
             out = self._feed_pending(rows)
-            self._committed = self._cache.lengths.clone()
+            self._committed, self._committed_lengths = self._cache.lengths.clone(), list(self._lengths)
             ids, tokens, probs = rows.contexts(), [], []
             for i in range(k):
                 logits = self._logits(out[:, -1])
@@ -178,7 +217,36 @@ class EagleDrafter(Drafter):
                 if i < k - 1:
                     out = self._run(token.unsqueeze(1), out, own=True)
                     self._cache.lengths = self._cache.lengths + 1
+                    self._lengths = [length + 1 for length in self._lengths]
         return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+
+    def _propose_static(self, rows: Rows, k: int, steps: int) -> Proposal:
+        """:meth:`propose` through the fixed-shape region: the feed padded to ``steps + 1``, ``steps`` drafts of which
+        the first ``k`` are proposed. Outputs are copied: a replayed graph reuses its output memory."""
+        cache, width = self._cache, steps + 1
+        feats = torch.nn.functional.pad(self._fed_hidden, (0, 0, 0, width - self._fed_hidden.shape[1]))
+        at = (self._pads_t + cache.lengths + 1).unsqueeze(1) + torch.arange(width, device=cache.lengths.device)
+        tokens = rows.tokens.gather(1, at.clamp(max=rows.tokens.shape[1] - 1))  # each fed feature's next token
+        with torch.no_grad():
+            drafts, lengths = self._call(self._chain_region(steps), draft_chain, self.head, cache.keys, cache.values,
+                                         cache.lengths, tokens, feats, self._pending_counts, steps)
+        self.forwards += steps
+        cache.lengths = self._committed = lengths.clone()
+        self._lengths = [n + m for n, m in zip(self._lengths, self._fed_host)]
+        self._committed_lengths = list(self._lengths)
+        self._pending, self._pending_counts, self._fed_hidden = [], None, None
+        return Proposal(drafts[:, :k].clone())
+
+    def _chain_region(self, steps: int) -> str:
+        """The name of the compiled region drafting ``steps`` (compiled at first use; nothing once compiling failed).
+        Each ``steps`` gets its own code object, so ``range(steps)`` stays a constant; batch and cache sizes go
+        dynamic after the first change (dynamo's default), and CUDA graphs record one graph per shape met."""
+        name = f"chain-{steps}"
+        if self._compiled and name not in self._compiled:
+            cuda = next(self.head.parameters()).device.type == "cuda"
+            self._compiled[name] = torch.compile(_own_code(draft_chain), fullgraph=True,
+                                                 **({"mode": "reduce-overhead"} if cuda else {}))
+        return name
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
         """A static or dynamic tree (EAGLE-2): each depth's frontier runs through the head in one pass, each
@@ -186,13 +254,15 @@ class EagleDrafter(Drafter):
         with torch.no_grad():
             out = self._feed_pending(rows)[:, -1]  # [B, H]: the output that predicts the first draft
             self._committed = base = self._cache.lengths.clone()
+            self._committed_lengths = list(self._lengths)
+            longest = max(self._lengths)
             outputs: list[torch.Tensor] = []  # per expansion: [B, F, H], in feed order
 
             def expand(tokens, depth, parent_pos, visible):
                 fed = torch.cat([out.unsqueeze(1)] + outputs, dim=1)  # feed position p is at p + 1
                 feats = fed.gather(1, (parent_pos + 1)[..., None].expand(-1, -1, fed.shape[-1]))
                 self.forwards += 1
-                h = self._pass("tree", tokens, feats, True, TreeKeyValues(self._cache, base, visible, depth))
+                h = self._pass("tree", tokens, feats, True, TreeKeyValues(self._cache, base, visible, depth, longest))
                 outputs.append(h)
                 return self._full_vocab(self._logits(h))
 
@@ -210,23 +280,35 @@ class EagleDrafter(Drafter):
 
     def commit(self, update: Commit) -> None:
         self._cache.lengths = self._committed.clone()  # drafts' slots go: the verifier's features replace them
-        hidden, added = update.hidden, update.added.tolist()
+        self._lengths = list(self._committed_lengths)
+        hidden, added = update.hidden, update.added_host
         if hidden is None:
             raise ValueError("an EAGLE drafter needs the verifier's hidden states in every Commit")
         fresh = [hidden[b, :n] for b, n in enumerate(added)]
         # another drafter may have proposed this step (composite): features not fed yet stay pending
-        self._pending = [torch.cat([old, new]) for old, new in zip(self._pending, fresh)] if self._pending else fresh
+        if self._pending:
+            self._pending, self._pending_counts = [torch.cat([old, new]) for old, new in zip(self._pending, fresh)], None
+            self._fed_hidden = None
+        else:
+            self._pending, self._pending_counts = fresh, update.added
+            self._fed_hidden, self._fed_host = hidden, list(added)
 
     def keep_rows(self, indices: torch.Tensor) -> None:
         self._cache.keep_rows(indices)
         self._committed = self._committed.index_select(0, indices.to(self._committed.device))
         index = indices.tolist()
         self._pads = [self._pads[i] for i in index]
+        self._lengths = [self._lengths[i] for i in index]
+        self._committed_lengths = [self._committed_lengths[i] for i in index]
+        if self._pads_t is not None:
+            self._pads_t = self._pads_t.index_select(0, indices.to(self._pads_t.device))
         if self._pending:
             self._pending = [self._pending[i] for i in index]
+            self._pending_counts, self._fed_hidden = None, None
 
     def finish(self) -> None:
-        self._cache, self._pending, self._committed = None, [], None
+        self._cache, self._pending, self._committed, self._pending_counts = None, [], None, None
+        self._fed_hidden, self._pads_t = None, None
 
 
 def _head_pass(head: EagleHead, tokens: torch.Tensor, feats: torch.Tensor, own: bool, kv: Any) -> torch.Tensor:

@@ -151,12 +151,16 @@ class ModelDrafter(Drafter):
     def _catch_up(self, rows: Rows) -> torch.Tensor:
         """Feed what each row committed since our last forward (left-aligned with filler); last logits."""
         pending = [rows[b][fed:] for b, fed in enumerate(self._fed)]
-        width = max(len(p) for p in pending)
+        sizes = [rows.length(b) - fed for b, fed in enumerate(self._fed)]
+        width = max(sizes)
+        self.forwards += 1
+        if min(sizes) == width:  # every row feeds as many: no filler, no mask (and no device read for one)
+            block = pending[0].unsqueeze(0) if len(rows) == 1 else torch.stack(pending)
+            return self._session.forward(block, **self._extra()).logits[:, -1]
         block = torch.zeros(len(rows), width, dtype=torch.long, device=rows.device)
         real = torch.zeros(len(rows), width, dtype=torch.bool, device=rows.device)
         for b, p in enumerate(pending):
             block[b, width - len(p) :], real[b, width - len(p) :] = p, True
-        self.forwards += 1
         return self._session.forward(block, real, **self._extra()).logits[:, -1]
 
     def _extra(self) -> dict:
@@ -201,35 +205,40 @@ class ModelDrafter(Drafter):
 
         grown = grow_tree(root, expand, shape, rows, ctx, lambda logits, contexts: self._scores(logits, contexts, ctx))
         self._fed = [rows.length(b) for b in range(len(rows))]
-        self._tree_fed, self._tree_block = (grown.fed.tolist(), written[0]) if written[0] else (None, 0)
+        self._tree_fed, self._tree_block = (grown.fed, written[0]) if written[0] else (None, 0)  # host ints
         self._drafts_fed = None
         return grown.tree
 
     def _commit_tree(self, update: Commit) -> None:
-        """Keep the accepted path's fed nodes (a prefix of the path, never the newest committed token)."""
+        """Keep the accepted path's fed nodes (a prefix of the path, never the newest committed token), from host
+        ints alone: the feed positions the tree was grown with and the path the engine read."""
         fed, self._tree_fed, block = self._tree_fed, None, self._tree_block
-        keep = torch.zeros(len(fed), block, dtype=torch.bool, device="cpu")
-        path, accepted, added = update.path.tolist(), update.accepted.tolist(), update.added.tolist()
+        path, accepted, added = update.path_lists(), update.accepted_host, update.added_host
+        keep: list[list[int]] = []
         for b, row in enumerate(fed):
+            kept = []
             for node in path[b][: min(accepted[b], added[b] - 1)]:
                 pos = row[node] if node < len(row) else -1  # composite: lookup nodes were never fed
                 if pos < 0:
                     break
-                keep[b, pos] = True
-            self._fed[b] += int(keep[b].sum())
-        self._session.keep_slots(keep)
+                kept.append(pos)  # ascending: an ancestor was fed before its descendants
+            keep.append(kept)
+            self._fed[b] += len(kept)
+        self._session.keep_slots(keep, block)
 
     def commit(self, update: Commit) -> None:
         if self._tree_fed is not None:
             return self._commit_tree(update)
         if self._drafts_fed is None:  # another drafter proposed this step (composite): our fed prefix is still committed
             return
-        accepted, added = update.accepted.tolist(), update.added.tolist()
+        accepted, added = update.accepted_host, update.added_host
         # fed drafts that were accepted stay; always leave >= 1 committed token to feed next time
         fed = self._drafts_fed
-        self._fed = [f - fed + min(a, fed, n - 1) for f, a, n in zip(self._fed, accepted, added)]
+        kept = [min(a, fed, n - 1) for a, n in zip(accepted, added)]
+        self._fed = [f - fed + k for f, k in zip(self._fed, kept)]
         self._drafts_fed = None
-        self._session.keep([fed - pad for fed, pad in zip(self._fed, self._pads)])
+        # the fed drafts are the session's newest slots; on the device kept = min(accepted, fed) unless a stop cut a row
+        self._session.keep_recent(fed, kept, update.accepted.clamp(max=fed) if update.steady else None)
 
     def stats(self) -> dict[str, float]:
         return {"adopted_prompt": self._adopted}  # started from the verifier's prompt cache (no prefill)

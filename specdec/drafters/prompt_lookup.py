@@ -12,6 +12,7 @@ import torch
 from specdec.drafters.base import Drafter
 from specdec.protocol import DraftContext, Proposal, Rows
 from specdec.trees.build import TreeShape
+from specdec.transfer import upload
 from specdec.trees.tree import DraftTree, RowTree, pack
 
 
@@ -85,8 +86,8 @@ class PromptLookupDrafter(Drafter):
             return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
         # Rows with shorter drafts repeat their last token (or the row's last token): any proposal is
         # safe, since only what the verifier agrees with is kept.
-        padded = [d + [(d or [int(row[-1])])[-1]] * (width - len(d)) for d, row in zip(drafts, rows)]
-        tokens = torch.tensor(padded, dtype=torch.long, device=rows.device)
+        padded = [d + [(d or rows.host(b)[-1:])[-1]] * (width - len(d)) for b, d in enumerate(drafts)]
+        tokens = upload(padded, torch.long, rows.device)
         if ctx.vocab_size is not None:
             tokens = tokens.clamp(max=ctx.vocab_size - 1)
         return Proposal(tokens)
@@ -94,8 +95,8 @@ class PromptLookupDrafter(Drafter):
     def branches(self, rows: Rows, depth: int, limit: int) -> list[list[list[int]]]:
         """Per row, up to ``limit`` different continuations (``depth`` tokens at most) of its suffix n-grams."""
         out = []
-        for pad, row in zip(self._pads, rows):
-            ids = row.tolist()
+        for b, pad in enumerate(self._pads):
+            ids = rows.host(b)  # the engine's host copy: no device read
             context = ids[max(pad, len(ids) - self.window) :]
             out.append(continuations(context, depth, self.min_ngram, self.max_ngram, limit) if depth > 0 else [])
         return out

@@ -205,10 +205,11 @@ class CachedKeyValues(KeyValues):
     attend causally over the committed slots plus the pass (``n_real[b]`` of them real; the rest land past
     the row's length, where the next write overwrites them)."""
 
-    def __init__(self, cache: HeadCache, n: int) -> None:
+    def __init__(self, cache: HeadCache, n: int, longest: int | None = None) -> None:
         self.cache = cache
         device = cache.lengths.device
-        self.span = int(cache.lengths.max()) + n  # slots any row of this pass can see
+        # slots any row of this pass can see; ``longest``: the longest row, when the caller knows it on the host
+        self.span = (int(cache.lengths.max()) if longest is None else longest) + n
         cache.grow(self.span)
         self.positions = cache.lengths.unsqueeze(1) + torch.arange(n, device=device)  # [B, n]
         # contiguous: an expanded view's strides differ between n = 1 and n > 1, and compiled passes guard on them
@@ -227,11 +228,12 @@ class TreeKeyValues(KeyValues):
     slots plus the ``fed`` tree nodes already written this proposal; node ``j`` attends to the committed
     slots and to the tree slots ``visible [B, n, fed + n]`` marks (its ancestors and itself)."""
 
-    def __init__(self, cache: HeadCache, base: torch.Tensor, visible: torch.Tensor, depth: torch.Tensor) -> None:
+    def __init__(self, cache: HeadCache, base: torch.Tensor, visible: torch.Tensor, depth: torch.Tensor,
+                 longest: int | None = None) -> None:
         self.cache = cache
         device = base.device
         batch, n, total = visible.shape
-        self.span = int(base.max()) + total
+        self.span = (int(base.max()) if longest is None else longest) + total  # longest: max(base), known on the host
         cache.grow(self.span)
         self.positions = base.unsqueeze(1) + depth - 1  # rotary positions: committed length + depth - 1
         self.slots = base.unsqueeze(1) + torch.arange(total - n, total, device=device)  # where this pass writes

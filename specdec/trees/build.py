@@ -6,19 +6,25 @@ feed and which to keep: static trees (paths of top-k ranks) or dynamic ones (EAG
 Nodes fed to the drafter get *feed positions* ``0, 1, ...`` in feed order; ``expand`` receives, per new
 node, which feed positions it may attend to (its fed ancestors and itself), so the drafter can write
 them to its cache after its committed slots.
+
+Host-device syncs (issue 43): growing reads nothing back from the device. A static tree's shape is known before
+drafting (:func:`_static_plan`, on the host) and only its tokens are data, so it is never read; a dynamic tree's
+shape is data, read once when it is chosen (:func:`_choose`). ``auto`` also reads the weights it sizes by.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
+from specdec.transfer import upload
 from specdec.trees.config import TreeConfig
 from specdec.trees.sizing import TreeSizer
-from specdec.trees.tree import DraftTree
+from specdec.trees.tree import DraftTree, reads_context
 
 FRONTIER_SHARE = 0.1  # auto feeds a frontier node worth at least this share of the frontier's best
 
@@ -70,10 +76,10 @@ class TreeShape:
 
 @dataclass
 class GrownTree:
-    """The tree and, per kept node, the feed position it got in the drafter's cache (-1: not fed)."""
+    """The tree and, per kept node, the feed position it got in the drafter's cache (-1: not fed), host ints."""
 
     tree: DraftTree
-    fed: torch.LongTensor  # [B, N]
+    fed: list[list[int]]  # [B][N]
 
 
 class _Candidates:
@@ -132,16 +138,6 @@ class _Candidates:
         visible = self.vis[rows, nodes][:, :, : self.fed_count]
         return expand(self.tok.gather(1, nodes), self.depth.gather(1, nodes), parent_pos, visible)
 
-    def tree(self, chosen: torch.Tensor) -> GrownTree:
-        """The tree of candidates ``chosen [B, N]`` (ancestor-closed; any order)."""
-        chosen = chosen.sort(dim=1).values  # creation order is topological
-        batch, n = chosen.shape
-        new_index = torch.full((batch, self.tok.shape[1] + 1), -1, dtype=torch.long, device=self.device)
-        new_index.scatter_(1, chosen + 1, torch.arange(n, device=self.device).expand(batch, n))
-        parents = new_index.gather(1, self.par.gather(1, chosen) + 1)
-        tree = DraftTree(self.tok.gather(1, chosen), None, parents=parents, values=self.val.gather(1, chosen).exp())
-        return GrownTree(tree, self.fed.gather(1, chosen))
-
 
 def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, rows: "Rows", ctx: "DraftContext",
               score: Callable[[torch.Tensor, list["RowContext"]], torch.Tensor]) -> GrownTree:
@@ -154,13 +150,15 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
     batch, device = root_logits.shape[0], root_logits.device
     config = shape.config
     cands = _Candidates(batch, config.max_fed, device, shape.sizer)
+    reads = reads_context(ctx.processors, rows.owners)
 
-    def logprobs(logits: torch.Tensor, nodes: torch.Tensor | None) -> torch.Tensor:
+    def logprobs(logits: torch.Tensor, nodes: torch.Tensor | None, depth: int) -> torch.Tensor:
+        """Log-probabilities of the children of ``nodes`` (all at ``depth``: a frontier is one depth)."""
         flat = logits.reshape(-1, logits.shape[-1])
-        contexts = _contexts(rows, cands, nodes) if ctx.processors else [None] * flat.shape[0]
+        contexts = _contexts(rows, cands, nodes, depth, reads) if ctx.processors else [None] * flat.shape[0]
         return torch.log_softmax(score(flat, contexts), dim=-1).view(*logits.shape[:-1], -1)
 
-    root = logprobs(root_logits.unsqueeze(1), None)[:, 0]
+    root = logprobs(root_logits.unsqueeze(1), None, 0)[:, 0]
     if config.mode == "static":
         return _static(root, cands, expand, shape, logprobs)
     k = config.top_k
@@ -168,9 +166,17 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
     ranks = torch.arange(k, device=device)
     frontier = _worthy(cands, cands.add(t, torch.full_like(t, -1), v, ranks.expand(batch, k)))
     depth = 1
-    # the drafter's passes this proposal: the one that gave the root's logits, then one per depth fed
-    while shape.keep_expanding(depth, _sorted(cands.w), _probs(cands.w.gather(1, frontier)), cands.passes + 1):
-        lp = logprobs(cands.feed(frontier, expand), frontier)  # [B, F, V]
+
+    def more() -> bool:
+        """One more depth? Up to the requested depth; ``auto`` asks its sizer (reading the weights: a sync)."""
+        if depth >= shape.depth:
+            return False
+        # the drafter's passes this proposal: the one that gave the root's logits, then one per depth fed
+        return shape.sizer is None or shape.keep_expanding(depth, _sorted(cands.w),
+                                                           _probs(cands.w.gather(1, frontier)), cands.passes + 1)
+
+    while more():
+        lp = logprobs(cands.feed(frontier, expand), frontier, depth)  # [B, F, V]
         v, t = lp.topk(k, dim=-1)
         cum = cands.val.gather(1, frontier).unsqueeze(-1) + v
         ids = cands.add(t.flatten(1), frontier.unsqueeze(-1).expand(-1, -1, k).flatten(1), cum.flatten(1),
@@ -178,35 +184,94 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
         best = cands.w.gather(1, ids).topk(min(k, ids.shape[1]), dim=-1).indices
         frontier = _worthy(cands, ids.gather(1, best))
         depth += 1
-    finite = int(torch.isfinite(cands.w).sum(dim=1).min())
-    n = min(shape.select(_sorted(cands.w), cands.passes + 1), finite)
-    order = cands.w.sort(dim=1, descending=True, stable=True).indices  # ties: parents (earlier) first
-    return cands.tree(order[:, :n])
+    return _choose(cands, shape)
+
+
+def _choose(cands: _Candidates, shape: TreeShape) -> GrownTree:
+    """A dynamic tree: the best candidates by weight (ties: parents, created earlier, first), as many as the shape
+    asks and every row has finite weights for. Its structure is data: read here in one device read (with the
+    tokens and feed positions), so that everything after it runs on host ints."""
+    batch, count = cands.tok.shape
+    order = cands.w.sort(dim=1, descending=True, stable=True).indices
+    finite = torch.isfinite(cands.w).sum(dim=1, keepdim=True)
+    host = torch.cat([order, cands.tok, cands.par, cands.fed, finite], dim=1).tolist()  # the tree's one read
+    n = shape.select(_sorted(cands.w), cands.passes + 1) if shape.sizer is not None else \
+        min(shape.config.total_tokens, count)
+    n = min(n, min(row[-1] for row in host))
+    chosen, tokens, parents, fed = [], [], [], []
+    for row in host:
+        tok, par, pos = row[count : 2 * count], row[2 * count : 3 * count], row[3 * count : 4 * count]
+        nodes = sorted(row[:n])  # creation order is topological
+        index = {c: i for i, c in enumerate(nodes)}
+        chosen.append(nodes)
+        tokens.append([tok[c] for c in nodes])
+        parents.append([index.get(par[c], -1) for c in nodes])
+        fed.append([pos[c] for c in nodes])
+    picked = upload(chosen, torch.long, cands.device).view(batch, n)
+    tree = DraftTree.from_host(cands.tok.gather(1, picked), parents, values=cands.val.gather(1, picked).exp(),
+                               host_tokens=tokens)
+    return GrownTree(tree, fed)
+
+
+@functools.lru_cache(maxsize=64)
+def _static_plan(choices: tuple[tuple[int, ...], ...]) -> tuple[list[int], list[tuple[int, ...]], list[int], list[int]]:
+    """A static tree's shape, on the host before drafting (only its tokens are data).
+
+    Returns ``(ints, levels, parents, fed)``. ``levels``, per depth: ``(fed_at, fed_n, width, pick_at, n, par_at)``,
+    offsets into ``ints`` (uploaded once per tree) of the candidates fed to expand that depth (none at depth 1), of
+    each of its ``n`` nodes' index into its parents' flattened top-``width`` children ``[P * width]``, and of each
+    node's parent. ``parents`` / ``fed``: every node's parent (-1: the root) and feed position (-1: not fed). Nodes
+    are numbered by (depth, path), their parents fed in path order, as one ``add`` per path would."""
+    ordered = sorted(choices, key=lambda c: (len(c), c))
+    ids: dict[tuple[int, ...], int] = {}
+    ints: list[int] = []
+    levels: list[tuple[int, ...]] = []
+    parents: list[int] = []
+    fed: list[int] = []
+    fed_count = 0
+    for d in range(1, max((len(c) for c in ordered), default=0) + 1):
+        level = [c for c in ordered if len(c) == d]
+        heads = sorted({c[:-1] for c in level})
+        feed = [ids[h] for h in heads] if d > 1 else []
+        for j, node in enumerate(feed):
+            fed[node] = fed_count + j
+        fed_count += len(feed)
+        slot = {h: j for j, h in enumerate(heads)}
+        width = max(c[-1] + 1 for c in level)  # one top-k per depth: the first ranks of a wider one are the same
+        par = [ids[c[:-1]] if d > 1 else -1 for c in level]
+        fed_at = len(ints)
+        ints += feed
+        pick_at = len(ints)
+        ints += [slot[c[:-1]] * width + c[-1] for c in level]
+        par_at = len(ints)
+        ints += par
+        levels.append((fed_at, len(feed), width, pick_at, len(level), par_at))
+        for c, p in zip(level, par):
+            ids[c] = len(parents)
+            parents.append(p)
+            fed.append(-1)
+    return ints, levels, parents, fed
 
 
 def _static(root: torch.Tensor, cands: _Candidates, expand: Expander, shape: TreeShape,
             logprobs: Callable) -> GrownTree:
-    """Static tree: nodes at depth ``d`` are the ranked children of their depth ``d - 1`` parents, one pass a depth."""
+    """Static tree: nodes at depth ``d`` are the ranked children of their depth ``d - 1`` parents, one pass a depth.
+    Its shape comes from the host (:func:`_static_plan`): nothing is read back."""
     batch, device = root.shape[0], root.device
-    choices = sorted((c for c in shape.config.choices if len(c) <= shape.depth), key=lambda c: (len(c), c))
-    ids: dict[tuple[int, ...], int] = {}
-    ranked = {(): root.topk(_width(choices, ()), dim=-1)}  # one topk per parent: ranks are distinct tokens
-    for d in range(1, max((len(c) for c in choices), default=0) + 1):
-        level = [c for c in choices if len(c) == d]
-        if d > 1:  # feed this depth's parents in one pass
-            parents = sorted({c[:-1] for c in level})
-            nodes = torch.tensor([ids[p] for p in parents], dtype=torch.long, device=device).expand(batch, -1)
-            lp = logprobs(cands.feed(nodes, expand), nodes)
-            ranked = {p: lp[:, j].topk(_width(choices, p), dim=-1) for j, p in enumerate(parents)}
-        for path in level:
-            v, t = ranked[path[:-1]]
-            parent = ids[path[:-1]] if d > 1 else -1
-            base = cands.val[:, parent] if d > 1 else torch.zeros(batch, device=device)
-            par = torch.full((batch, 1), parent, dtype=torch.long, device=device)
-            rank = path[-1]
-            ids[path] = int(cands.add(t[:, rank : rank + 1], par, (base + v[:, rank]).unsqueeze(1))[0, 0])
-    chosen = torch.arange(cands.tok.shape[1], device=device).expand(batch, -1)
-    return cands.tree(chosen)
+    ints, levels, parents, fed = _static_plan(tuple(c for c in shape.config.choices if len(c) <= shape.depth))
+    plan = upload(ints, torch.long, device)  # the whole shape in one upload; each depth slices it (views)
+    for d, (fed_at, fed_n, width, pick_at, n, par_at) in enumerate(levels, start=1):
+        if d == 1:
+            v, t = root.topk(width, dim=-1)  # [B, W]
+        else:  # feed this depth's parents in one pass
+            nodes = plan[fed_at : fed_at + fed_n].expand(batch, -1)
+            v, t = logprobs(cands.feed(nodes, expand), nodes, d - 1).topk(width, dim=-1)  # [B, P, W]
+            v = (cands.val.gather(1, nodes).unsqueeze(-1) + v).flatten(1)  # cumulative log-probabilities
+            t = t.flatten(1)
+        pick = plan[pick_at : pick_at + n]
+        cands.add(t.index_select(1, pick), plan[par_at : par_at + n].expand(batch, -1), v.index_select(1, pick))
+    tree = DraftTree.from_host(cands.tok, [list(parents) for _ in range(batch)], values=cands.val.exp())
+    return GrownTree(tree, [list(fed) for _ in range(batch)])
 
 
 def _worthy(cands: _Candidates, frontier: torch.Tensor) -> torch.Tensor:
@@ -221,12 +286,6 @@ def _worthy(cands: _Candidates, frontier: torch.Tensor) -> torch.Tensor:
     return frontier[:, : max(keep, 1)]
 
 
-def _width(choices: list[tuple[int, ...]], parent: tuple[int, ...]) -> int:
-    """How many ranked children of ``parent`` the static tree uses."""
-    return max((c[-1] + 1 for c in choices if c[:-1] == parent), default=1)
-
-
-
 def _sorted(values: torch.Tensor) -> list[float]:
     """Candidate log-weights ``[B, C]`` as probabilities, best first, averaged over rows."""
     return _probs(values.sort(dim=1, descending=True).values)
@@ -236,17 +295,19 @@ def _probs(values: torch.Tensor) -> list[float]:
     return values.exp().mean(dim=0).tolist()
 
 
-def _contexts(rows: "Rows", cands: _Candidates, nodes: torch.Tensor | None) -> list["RowContext"]:
-    """Each node's context for the logits processors: its row's owner, and its row then the tokens on its path."""
+def _contexts(rows: "Rows", cands: _Candidates, nodes: torch.Tensor | None, depth: int,
+              reads: bool) -> list["RowContext"]:
+    """Each node's context for the logits processors: its row's owner, and its row then the tokens on its path
+    (``nodes [B, F]``, all at ``depth``: gathered on the device, no read). ``reads``: whether a processor reads the
+    context at all; when none does (temperature, top-k/p), each node gets its row, unread."""
     if nodes is None:
         return rows.contexts()
-    par, tok = cands.par.tolist(), cands.tok.tolist()
-    out = []
-    for b, row in enumerate(rows):
-        for node in nodes[b].tolist():
-            path = []
-            while node >= 0:
-                path.append(tok[b][node])
-                node = par[b][node]
-            out.append((rows.owners[b], torch.cat([row, torch.tensor(path[::-1], dtype=torch.long, device=row.device)])))
-    return out
+    f = nodes.shape[1]
+    if not reads:
+        return [(rows.owners[b], row) for b, row in enumerate(rows) for _ in range(f)]
+    steps, node = [], nodes
+    for _ in range(depth):  # from the node up to the root's child
+        steps.append(cands.tok.gather(1, node))
+        node = cands.par.gather(1, node).clamp_min(0)
+    path = torch.stack(steps[::-1], dim=2)  # [B, F, depth]
+    return [(rows.owners[b], torch.cat([row, path[b, j]])) for b, row in enumerate(rows) for j in range(f)]

@@ -64,8 +64,8 @@ class TreePlan(DraftPlan):
         """The request for one pass, at most ``room`` tokens deep."""
         return TreeShape(self.config, room, self.sizer)
 
-    def update(self, drafts: Drafts, accepted: torch.Tensor, draft_seconds: float, verify_seconds: float,
-               drafter_forwards: int, path: torch.Tensor | None = None) -> None:
+    def update(self, drafts: Drafts, accepted: list[int], draft_seconds: float, verify_seconds: float,
+               drafter_forwards: int, path: torch.Tensor | list[list[int]] | None = None) -> None:
         """Calibrate the sizer: which of the tree's nodes the verifier accepted (``path``), against their values;
         under sampling, what the pass's arm delivered (tokens against the clock, or the cost model when seeded)."""
         if self.sizer is None or drafts.tokens.shape[1] == 0:
@@ -74,7 +74,7 @@ class TreePlan(DraftPlan):
             n = drafts.tokens.shape[1]
             seconds = draft_seconds + verify_seconds if self.sizer.timed else \
                 self.sizer.cost(n + 1) + drafter_forwards * self.sizer.draft_step
-            self.sizer.arms.observe(self._arm, n if self._arm == "chain" else 0, accepted.tolist(), seconds)
+            self.sizer.arms.observe(self._arm, n if self._arm == "chain" else 0, accepted, seconds)
         if isinstance(drafts, DraftTree) and drafts.values is not None and path is not None:
             self.sizer.update(drafts, path, draft_seconds, drafter_forwards)
         else:

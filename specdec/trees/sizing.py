@@ -251,13 +251,14 @@ class TreeSizer:
         seconds = self.cost(n + 1) + passes * self.draft_step
         return (tokens + sum(frontier)) / (seconds + self.draft_step) > tokens / seconds
 
-    def update(self, tree: DraftTree, path: torch.Tensor, draft_seconds: float | None = None,
+    def update(self, tree: DraftTree, path: torch.Tensor | list[list[int]], draft_seconds: float | None = None,
                draft_passes: int = 0, decay: float = 0.9) -> None:
         """Learn from one verified ``tree`` (its ``values``) and the accepted ``path [B, D]`` (node indices, -1
-        past the accepted ones): every valid node whose parent was accepted (or is the root) is one edge for
-        :class:`EdgeCalibration`; and (timed) the drafter's time over its passes."""
+        past the accepted ones; a tensor or host ints): every valid node whose parent was accepted (or is the root)
+        is one edge for :class:`EdgeCalibration`; and (timed) the drafter's time over its passes."""
         parents, valid = tree.host()
-        values, paths = tree.values.tolist(), path.tolist()
+        values = tree.values.tolist()  # a device read (auto only): what the drafter valued each node at
+        paths = path.tolist() if isinstance(path, torch.Tensor) else path  # the engine passes host ints
         ranks, probs, hits = [], [], []
         predicted = accepted = 0.0
         for b in range(len(parents)):  # filler nodes are children of the root with value 0: ranked last

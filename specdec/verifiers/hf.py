@@ -232,7 +232,7 @@ class CausalLMRunner:
                 mine.adopt(theirs, self._kv_dtype, rows=None if source.static is None else source.live)
         width = source.cache.length
         session.valid[:, :width] = source.valid[:, :width]
-        session.counts = source.counts.clone()
+        session.counts, session.dense = source.counts.clone(), source.dense
         return session
 
     def run(self, session: CacheSession, hidden_layers: tuple[int, ...], **inputs) -> StepOutput:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from specdec.transfer import upload
 from specdec.verifiers.cache import CacheOverflowError, ManagedCache
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class CacheSession:
         self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)  # slot holds a real token of that row
         self.counts = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row (= next position id)
         self.single_row = batch == 1  # this call started with one row (compiled drafter steps)
+        # host knowledge, so a pass needs no device read: every slot before the pointer is real in every row (no
+        # left padding, no holes). False only means "unknown": the mask is then built, which is always correct.
+        self.dense = True
 
     @property
     def length(self) -> int:
@@ -83,7 +87,7 @@ class CacheSession:
         if self._static_now:
             return self._forward_static(tokens, valid, position_ids, tree_mask, tuple(hidden_layers))
         start, n = self.length, tokens.shape[1]
-        if (self.runner.sliding or start + n > self.cache.max_cache_len) and self._has_holes():
+        if (self.runner.sliding or start + n > self.cache.max_cache_len) and not self.dense and self._has_holes():
             # Squeeze out holes left by ragged rows: when they use up the slots, and always for
             # sliding-window models, whose window is counted in slots rather than tokens.
             self.compact()
@@ -93,19 +97,24 @@ class CacheSession:
                 f"KV cache overflow: {n} more tokens after {start} in a cache preallocated for "
                 f"{self.cache.max_cache_len} tokens"
             )
-        if valid is None:
-            valid = torch.ones_like(tokens, dtype=torch.bool)
-        self.valid[:, start : start + n] = valid
-        if position_ids is None:  # position of a real token = real tokens before it in its row; filler 0 (masked)
-            position_ids = (self.counts.unsqueeze(1) + valid.long().cumsum(dim=1) - 1).clamp_min(0)
-        elif position_ids.shape != tokens.shape:
+        if position_ids is not None and position_ids.shape != tokens.shape:
             raise ValueError(f"position_ids {tuple(position_ids.shape)} must match tokens {tuple(tokens.shape)}")
-        self.counts = self.counts + valid.sum(dim=1)
+        if valid is None:  # every token real (the common pass): fewer ops than the general case
+            self.valid[:, start : start + n] = True
+            if position_ids is None:
+                position_ids = self.counts.unsqueeze(1) + torch.arange(n, device=tokens.device)
+            self.counts = self.counts + n
+        else:
+            self.dense = False
+            self.valid[:, start : start + n] = valid
+            if position_ids is None:  # position of a real token = real tokens before it in its row; filler 0 (masked)
+                position_ids = (self.counts.unsqueeze(1) + valid.long().cumsum(dim=1) - 1).clamp_min(0)
+            self.counts = self.counts + valid.sum(dim=1)
         seen = self.valid[:, : start + n]
         if tree_mask is not None:
             mask = self._tree_mask(tree_mask, seen, start)
         else:
-            mask = None if bool(seen.all()) else seen.long()
+            mask = None if self.dense else seen.long()
         out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
                               position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache}, **extra)
         if self.static is not None:  # the prefill ran: static passes from now on
@@ -123,11 +132,13 @@ class CacheSession:
         n = tokens.shape[1]
         width = self.static.width(n, self.widths)
         start = self.length
-        if start + width > self.cache.max_cache_len and self._has_holes():
+        if start + width > self.cache.max_cache_len and not self.dense and self._has_holes():
             self.compact()
             start = self.length
         if valid is None:
             valid = torch.ones_like(tokens, dtype=torch.bool)
+        else:
+            self.dense = False
         if position_ids is None:
             position_ids = (self.counts.unsqueeze(1) + valid.long().cumsum(dim=1) - 1).clamp_min(0)
         elif position_ids.shape != tokens.shape:
@@ -190,37 +201,80 @@ class CacheSession:
         real_before = self.valid.long().cumsum(dim=1)
         self.valid &= real_before <= counts.unsqueeze(1)
         self.counts = counts
+        self.dense = False
         self._trim()
+
+    def keep_recent(self, n: int, kept: list[int], kept_device: torch.Tensor | None = None) -> None:
+        """Of the ``n`` newest slots of each row (all real: what a forward without ``valid`` wrote), keep the first
+        ``kept[b]``; the rest become holes and the pointer moves back past the last kept slot. ``kept_device``:
+        ``kept`` on the device if the caller has it there (else uploaded). Host arithmetic only: no device read.
+        The slot before the ``n`` is real in some row (every forward ends with a real column)."""
+        if n == 0:
+            return
+        start = self.length - n
+        if kept_device is None:
+            kept_device = upload(kept, torch.long, self.valid.device)
+        if start < 0 or len(kept) != self.valid.shape[0] or not all(0 <= k <= n for k in kept):
+            raise ValueError(f"cannot keep {kept} of the {n} newest slots of a cache holding {self.length}")
+        end = start + max(kept)
+        if min(kept) == max(kept):  # every row keeps as many (always with one row): host ints, two ops
+            self.valid[:, end:] = False
+            self.counts = self.counts + (kept[0] - n)
+        else:
+            self.valid[:, start : start + n] &= torch.arange(n, device=self.valid.device) < kept_device.unsqueeze(1)
+            self.counts = self.counts - n + kept_device
+            self.valid[:, end:] = False
+            self.dense = False
+        self.cache.rollback(end)
 
     @torch.inference_mode()
-    def keep_slots(self, keep: torch.Tensor) -> None:
-        """Keep, per row, the slots ``keep [batch, n]`` marks among the ``n`` newest, in order, gathered to the
-        front of that block; the rest become holes. Kept slots must hold real tokens.
+    def keep_slots(self, keep: torch.Tensor | list[list[int]], n: int | None = None) -> None:
+        """Keep, per row, some of the ``n`` newest slots, in order, gathered to the front of that block; the rest
+        become holes. Keeping a prefix of the block is the chain case: no copy, as :meth:`keep`.
 
-        Keeping a prefix of the block is the chain case: no copy, as :meth:`keep`.
+        ``keep``: either a bool mask ``[batch, n]`` (read back once, and checked: kept slots must hold real tokens),
+        or, per row, the ascending indices within the block of the slots to keep, with ``n`` (host ints: no device
+        read; trees know them). Then the caller vouches that they hold real tokens, and, when no row keeps a slot,
+        that the slot before the block is real in some row (every forward ends with a real column), as
+        :meth:`keep_recent` does: the pointer moves back from host ints alone.
         """
-        n = keep.shape[1]
-        start = self.length - n
-        if start < 0 or keep.dim() != 2 or keep.shape[0] != self.valid.shape[0]:
-            raise ValueError(f"keep must be [batch={self.valid.shape[0]}, n <= {self.length}], got {tuple(keep.shape)}")
-        keep = keep.to(device=self.valid.device, dtype=torch.bool)
-        block = self.valid[:, start : start + n]
-        if bool((keep & ~block).any()):
-            raise ValueError("keep_slots: a kept slot holds no real token")
-        kept = keep.sum(dim=1)
-        prefix = torch.arange(n, device=keep.device).unsqueeze(0) < kept.unsqueeze(1)
-        if not bool((keep == prefix).all()):
-            order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept slots first, in order
+        if isinstance(keep, torch.Tensor):
+            n = keep.shape[1]
+            start = self.length - n
+            if start < 0 or keep.dim() != 2 or keep.shape[0] != self.valid.shape[0]:
+                raise ValueError(f"keep must be [batch={self.valid.shape[0]}, n <= {self.length}], got {tuple(keep.shape)}")
+            keep = keep.to(device=self.valid.device, dtype=torch.bool)
+            if bool((keep & ~self.valid[:, start : start + n]).any()):
+                raise ValueError("keep_slots: a kept slot holds no real token")
+            return self._keep_in_block([[i for i, k in enumerate(row) if k] for row in keep.tolist()], n, exact=False)
+        if n is None or not 0 <= n <= self.length or len(keep) != self.valid.shape[0] \
+                or any(list(row) != sorted(set(row)) or (row and not 0 <= row[0] <= row[-1] < n) for row in keep):
+            raise ValueError(f"keep must list, for each of {self.valid.shape[0]} rows, ascending slots among the "
+                             f"n={n} newest of a cache holding {self.length}")
+        self._keep_in_block(keep, n, exact=True)
+
+    def _keep_in_block(self, rows: list[list[int]], n: int, exact: bool) -> None:
+        """:meth:`keep_slots` from host lists; ``exact``: the pointer's new end follows from them (else found on the
+        device: a read)."""
+        start, device = self.length - n, self.valid.device
+        kept = [len(row) for row in rows]
+        if any(row != list(range(len(row))) for row in rows):  # not a prefix: gather the kept slots to the front
+            order = [row + [i for i in range(n) if i not in set(row)] for row in map(list, rows)]
+            order = upload(order, torch.long, device).view(len(rows), n)
             for layer in self.cache.layers:
                 layer.gather_slots(self._buffer_order(order), start)
-        self.counts = self.counts - block.sum(dim=1) + kept
-        self.valid[:, start : start + n] = prefix
-        self._trim()
+        kept_device = upload(kept, torch.long, device)
+        self.counts = self.counts - self.valid[:, start : start + n].sum(dim=1) + kept_device
+        self.valid[:, start : start + n] = torch.arange(n, device=device).unsqueeze(0) < kept_device.unsqueeze(1)
+        self.dense = False
+        self._trim(start + max(kept, default=0) if exact else None)
 
-    def _trim(self) -> None:
-        """Move the shared pointer back to just after the last valid slot of any row."""
-        used = self.valid.any(dim=0).nonzero()
-        end = int(used.max()) + 1 if used.numel() else 0
+    def _trim(self, end: int | None = None) -> None:
+        """Move the shared pointer back to just after the last valid slot of any row (``end``: that slot + 1 when
+        the caller knows it on the host; else found on the device, a read)."""
+        if end is None:
+            used = self.valid.any(dim=0).nonzero()
+            end = int(used.max()) + 1 if used.numel() else 0
         self.cache.rollback(min(end, self.cache.length))
         self.valid[:, end:] = False
 
@@ -243,6 +297,7 @@ class CacheSession:
         order = torch.argsort(self.valid[:, : self.length].to(torch.int8), dim=1, stable=True)[:, -n:]
         for layer in self.cache.layers:
             layer.gather_slots(self._buffer_order(order))
+        self.dense = False  # rows of fewer tokens are left padded now
         self.valid.zero_()
         self.valid[:, :n] = torch.arange(n, device=self.valid.device).unsqueeze(0) >= (n - self.counts).unsqueeze(1)
 
