@@ -64,7 +64,7 @@ class CommittedRows:
         stops = self.rules.first_stops([self.host[r] for r in self.active], starts, tokens.device)
         taken = []
         for b, (r, n, stop) in enumerate(zip(self.active, counts, stops)):
-            start, m = starts[b], n
+            start = starts[b]
             if self.stopped_at[r] is None and stop is not None:
                 self.stopped_at[r] = start + stop + 1
             m = self._taken(r, start, n)

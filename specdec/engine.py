@@ -85,8 +85,8 @@ def speculative_generate(
             accepted, block = v.read()  # the pass's one device read: everything below runs on these host ints
             t2 = time.perf_counter()
             added = out.add_block(v.tokens, [a + 1 for a in accepted], v.scores, v.logits, block)
-            update = Commit(out.active_rows(), v.accepted, v.added(accepted, added), v.hidden, v.path, accepted, added,
-                            v.path_host)
+            update = Commit(out.active_rows(), v.accepted, hidden=v.hidden, path=v.path, accepted_host=accepted,
+                            added_host=added, path_host=v.path_host)
             v.keep(cache, update)  # the newest committed token stays unfed
             plan.update(drafts, accepted, t1 - t0, t2 - t1, drafter.forwards - forwards, update.path_host)
             stats.record_step(drafts.scored(), accepted, added, out.active)

@@ -7,7 +7,7 @@
   trees: ``specdec.trees.plan.TreePlan``). The engine asks the plan for each pass's proposal and tells it the
   outcome; it never asks which kind of plan or proposal it holds.
 
-Imports nothing of specdec's but the processors: drafters, trees and verification import this, never the reverse.
+Imports nothing of specdec's but the processors, slot counts and the non-blocking upload: drafters, trees and verification import this, never the reverse.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from specdec.processing import RowContext, RowProcessors
 from specdec.slots import cache_slots, pass_widths
+from specdec.transfer import upload
 
 
 class Drafts:
@@ -149,7 +150,7 @@ class Commit:
 
     rows: Rows
     accepted: torch.LongTensor
-    added: torch.LongTensor
+    added: torch.LongTensor | None = None
     hidden: torch.Tensor | None = None
     path: torch.LongTensor | None = None
     accepted_host: list[int] | None = None
@@ -159,7 +160,9 @@ class Commit:
     def __post_init__(self) -> None:
         if self.accepted_host is None:  # built outside the engine (tests, priming): read them here
             self.accepted_host = self.accepted.tolist()
-        if self.added_host is None:
+        if self.added is None:  # the engine's: computed on the device unless a stop cut a block (that row leaves)
+            self.added = self.accepted + 1 if self.steady else upload(self.added_host, torch.long, self.accepted.device)
+        elif self.added_host is None:
             self.added_host = self.added.tolist()
 
     def path_lists(self) -> list[list[int]] | None:

@@ -16,7 +16,6 @@ import torch
 from specdec.acceptance import greedy_accept, one_hot, rejection_accept
 from specdec.arguments import GenerationSetup
 from specdec.protocol import Commit, Drafts, Proposal, Rows
-from specdec.transfer import upload
 from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
 from specdec.trees.tree import DraftTree, reads_context
 from specdec.verifiers.session import CacheSession
@@ -45,13 +44,6 @@ class Verified:
         if self.path is not None:
             self.path_host = [row[1 + self.tokens.shape[1]:] for row in both]
         return [row[0] for row in both], [row[1 : row[0] + 2] for row in both]
-
-    def added(self, accepted: list[int], added: list[int]) -> torch.Tensor:
-        """``added`` (tokens each row committed) on the device: ``accepted + 1`` computed there unless a stop rule
-        cut a block (then uploaded: the row is complete and leaves the batch)."""
-        if all(n == a + 1 for a, n in zip(accepted, added)):
-            return self.accepted + 1
-        return upload(added, torch.long, self.accepted.device)
 
     def keep(self, cache: CacheSession, update: Commit) -> None:
         """Keep each row's newest committed token and its first ``added - 1`` accepted drafts in ``cache``; the

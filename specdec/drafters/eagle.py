@@ -61,7 +61,6 @@ class EagleDrafter(Drafter):
         #: CUDA graph when compiled on a GPU; :meth:`compile` turns it on
         self.static_draft = False
         self._fed_hidden: torch.Tensor | None = None  # the last commit's features, while they are the whole pending
-        self._fed_host: list[int] = []
         self._pads_t: torch.Tensor | None = None
         self._steps = 1  # static drafts: the region's k in this call (the widest met)
 
@@ -232,7 +231,7 @@ class EagleDrafter(Drafter):
                                          cache.lengths, tokens, feats, self._pending_counts, steps)
         self.forwards += steps
         cache.lengths = self._committed = lengths.clone()
-        self._lengths = [n + m for n, m in zip(self._lengths, self._fed_host)]
+        self._lengths = [n + len(p) for n, p in zip(self._lengths, self._pending)]
         self._committed_lengths = list(self._lengths)
         self._pending, self._pending_counts, self._fed_hidden = [], None, None
         return Proposal(drafts[:, :k].clone())
@@ -291,7 +290,7 @@ class EagleDrafter(Drafter):
             self._fed_hidden = None
         else:
             self._pending, self._pending_counts = fresh, update.added
-            self._fed_hidden, self._fed_host = hidden, list(added)
+            self._fed_hidden = hidden
 
     def keep_rows(self, indices: torch.Tensor) -> None:
         self._cache.keep_rows(indices)

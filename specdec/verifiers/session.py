@@ -212,8 +212,6 @@ class CacheSession:
         if n == 0:
             return
         start = self.length - n
-        if kept_device is None:
-            kept_device = upload(kept, torch.long, self.valid.device)
         if start < 0 or len(kept) != self.valid.shape[0] or not all(0 <= k <= n for k in kept):
             raise ValueError(f"cannot keep {kept} of the {n} newest slots of a cache holding {self.length}")
         end = start + max(kept)
@@ -221,6 +219,8 @@ class CacheSession:
             self.valid[:, end:] = False
             self.counts = self.counts + (kept[0] - n)
         else:
+            if kept_device is None:
+                kept_device = upload(kept, torch.long, self.valid.device)
             self.valid[:, start : start + n] &= torch.arange(n, device=self.valid.device) < kept_device.unsqueeze(1)
             self.counts = self.counts - n + kept_device
             self.valid[:, end:] = False
