@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 # Prior cost of one more token in a verify pass, in passes (memory-bound decode: a few percent).
 VERIFY_SLOPE = 0.05
 HISTORY_LEN = 1024  # choices kept in AdaptiveDraftLength.history
+PRIOR_POINTS = 2.0  # weight of a cost line's prior slope, in points one token from the mean
+OUTLIER = 5.0  # a timing above this many times the current estimate is taken at this many (a load spike, a first use)
 
 
 class FixedDraftLength:
@@ -39,7 +41,8 @@ class FixedDraftLength:
     def choose(self, limit: int) -> int:
         return max(0, min(self.k, limit))
 
-    def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float,
+               timings: bool = True) -> None:
         pass
 
 
@@ -56,19 +59,20 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def _fit(points: dict[int, float], k: int, prior_slope: float | None) -> float:
-    """The cost at ``k`` of a least-squares line (slope >= 0) through measured ``{k: cost}``; with one point, a line
-    through it of relative slope ``prior_slope`` per token (``None``: proportional to ``k``)."""
-    if len(points) == 1:
-        (k0, v0), = points.items()
-        if prior_slope is None:
-            return v0 * k / k0 if k0 else v0
-        return max(0.0, v0 * (1 + prior_slope * (k - k0)))
+def _fit(points: dict[int, float], k: int, relative_slope: float | None) -> float:
+    """The cost at ``k`` of a line through measured ``{k: cost}`` points (least squares, slope >= 0).
+
+    The slope is pulled toward a prior worth ``PRIOR_POINTS`` points one token from the mean: ``relative_slope``
+    times the mean cost (verify passes), or ``None`` for a cost proportional to ``k`` (drafting). With one point the
+    prior alone sets it; with two close ones (plain passes and probes of one draft: k = 0 and 1) a noisy difference
+    cannot make long drafts look ruinous, nor a point measured long ago under other load."""
     n = len(points)
     mean_k = sum(points) / n
     mean_v = sum(points.values()) / n
-    var = sum((p - mean_k) ** 2 for p in points)
-    slope = max(0.0, sum((p - mean_k) * (v - mean_v) for p, v in points.items()) / var)
+    prior = relative_slope * mean_v if relative_slope is not None else (mean_v / mean_k if mean_k else 0.0)
+    sxx = sum((p - mean_k) ** 2 for p in points)
+    sxy = sum((p - mean_k) * (v - mean_v) for p, v in points.items())
+    slope = max(0.0, (sxy + PRIOR_POINTS * prior) / (sxx + PRIOR_POINTS))
     return max(0.0, mean_v + slope * (k - mean_k))
 
 
@@ -78,10 +82,13 @@ class AdaptiveDraftLength:
 
     Args:
         max_k / min_k: the range searched. ``min_k = 0`` (the default) lets the policy stop drafting when no
-            ``k >= 1`` pays for itself; it then drafts again, as a probe, after ``min_backoff`` plain passes,
-            and each probe that finds drafting still not paying doubles the wait (up to ``max_backoff``), so a
-            useless drafter costs one probe every ``max_backoff`` passes and a good one is found again soon.
-        decay: weight of the past in the estimates, per drafting pass (0.9 ~ the last ten).
+            ``k >= 1`` pays for itself; it then drafts again, as a probe, after ``min_backoff`` plain passes.
+            A probe that accepts nothing doubles the wait (up to ``max_backoff``), one that accepts something
+            sets it back to ``min_backoff``, so a useless drafter costs one probe every ``max_backoff`` passes
+            and a good one is found again soon.
+        stale: before a probe, the evidence gathered before the pause is scaled by this, so that the probe's own
+            outcome counts.
+        decay: weight of the past in the estimates, per drafting pass (0.85 ~ the last seven).
         prior_acceptance / prior_weight: the acceptance assumed before any step, worth ``prior_weight`` trials.
         timed: learn the costs from wall-clock time. ``False`` (what specdec uses when a seeded
             ``generator`` is given) makes every choice a function of the accepted counts alone, so a
@@ -93,7 +100,7 @@ class AdaptiveDraftLength:
 
     max_k: int = 8
     min_k: int = 0
-    decay: float = 0.9
+    decay: float = 0.85
     prior_acceptance: float = 0.7
     prior_weight: float = 1.0
     timed: bool = True
@@ -167,23 +174,29 @@ class AdaptiveDraftLength:
         self.history.append(k)
         return k
 
-    def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def update(self, proposed: int, accepted: int, draft_seconds: float, verify_seconds: float,
+               timings: bool = True) -> None:
+        """Learn from one pass: ``proposed`` drafts of which ``accepted`` were accepted, and what drafting and
+        verifying took (``timings=False``: not representative, e.g. a call's first pass with its one-time work)."""
+        timings = timings and self.timed
         if proposed <= 0:  # a plain pass (chosen, or the drafter found nothing): a one-token verify
-            if self.timed:
-                self._average(self.verify_costs, 0, verify_seconds)
+            if timings:
+                self._average(self.verify_costs, 0, verify_seconds, VERIFY_SLOPE)
             return
         self._accepted = self.decay * self._accepted + accepted
         self._trials = self.decay * self._trials + trials(proposed, accepted)
         self.acceptance = self._accepted / self._trials
         if self._probing:  # a probe that accepted something brings the next one forward; one that did not, back
             self._backoff = self.min_backoff if accepted else min(2 * self._backoff, self.max_backoff)
-        if not self.timed:
+        if not timings:
             return
         if not self._resumed:  # after plain passes a drafter first catches up on them: not what drafting k costs
-            self._average(self.draft_costs, proposed, draft_seconds)
-        self._average(self.verify_costs, proposed, verify_seconds)
+            self._average(self.draft_costs, proposed, draft_seconds, None)
+        self._average(self.verify_costs, proposed, verify_seconds, VERIFY_SLOPE)
 
-    def _average(self, costs: dict[int, float], k: int, seconds: float) -> None:
+    def _average(self, costs: dict[int, float], k: int, seconds: float, relative_slope: float | None) -> None:
+        if costs:  # one slow pass (another process on the CPU, a first use) must not dominate the average
+            seconds = min(seconds, OUTLIER * _fit(costs, k, relative_slope))
         old = costs.get(k)
         costs[k] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
 
@@ -195,6 +208,7 @@ class ChainPlan(DraftPlan):
     def __init__(self, policy: FixedDraftLength | AdaptiveDraftLength) -> None:
         self.policy = policy
         self.num_draft_tokens = policy.max_k
+        self._passes = 0
 
     @classmethod
     def fixed(cls, k: int) -> "ChainPlan":
@@ -206,5 +220,8 @@ class ChainPlan(DraftPlan):
 
     def update(self, drafts: Drafts, accepted: list[int], draft_seconds: float, verify_seconds: float,
                drafter_forwards: int, path: "torch.Tensor | None" = None) -> None:
-        # the batch's shortest accepted run: how far the whole batch got (accepted: host ints, read once per pass)
-        self.policy.update(drafts.num_tokens, int(min(accepted)), draft_seconds, verify_seconds)
+        # the batch's shortest accepted run: how far the whole batch got (accepted: host ints, read once per pass).
+        # A call's first pass does one-time work (a drafter's prompt feed, first use of buffers): not a cost of k.
+        self._passes += 1
+        self.policy.update(drafts.num_tokens, int(min(accepted)), draft_seconds, verify_seconds,
+                           timings=self._passes > 1)

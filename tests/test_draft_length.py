@@ -22,8 +22,8 @@ def test_adaptive_draft_length_is_exact_and_adapts():
     # the controller's arithmetic
     assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 5) == 6.0
     policy = AdaptiveDraftLength(max_k=8)
-    for _ in range(20):  # perfect acceptance, free drafts, flat verify cost -> draft the most
-        policy.update(4, 4, 0.0001, 0.1)
+    for _ in range(20):  # perfect acceptance, cheap drafts, flat verify cost -> draft the most
+        policy.update(4, 4, 0.001, 0.1)
     assert policy.choose(100) == 8
     for _ in range(20):  # nothing accepted, drafts as costly as verification -> do not draft
         policy.update(4, 0, 0.1, 0.1)
@@ -103,10 +103,11 @@ def test_adaptive_stops_drafting_when_nothing_is_accepted_and_probes_with_a_grow
     policy = AdaptiveDraftLength(max_k=8, timed=timed, draft_cost_ratio=0.3)
     choices = _drive(policy, [lambda k: 0] * 200)
     assert choices[0] > 0 and 0 in choices[:6]  # the prior drafts, a few rejected passes stop it
-    assert sum(k > 0 for k in choices) <= 12  # after that: a probe now and then
+    assert sum(k > 0 for k in choices) <= 6 + len(choices) // policy.max_backoff  # after that: a probe now and then
     probes = _probes(choices)
     gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert len(probes) >= 4 and gaps == sorted(gaps) and gaps[-1] == policy.max_backoff + 1  # back-off doubles to its cap
+    # the back-off doubles up to its cap
+    assert len(probes) >= 4 and gaps == sorted(gaps) and gaps[-1] == policy.max_backoff + 1
     assert all(choices[i] == 1 for i in probes)  # a probe drafts what the estimates favour: one token
     if timed:
         assert 0 in policy.verify_costs  # a plain pass's cost is measured, not extrapolated
@@ -210,6 +211,23 @@ def test_adaptive_finds_a_drafter_that_turns_good():
     assert torch.equal(spec.generate(ids, **kwargs), expected)
     stats = spec.last_stats
     # plain passes while the drafts are wrong, then long accepted runs: far fewer passes than tokens
-    assert 0 in spec.policy.history and spec.policy.history[-1] == 6 and stats.accepted >= 30
+    assert 0 in spec.policy.history and max(list(spec.policy.history)[-5:]) == 6 and stats.accepted >= 30
     # found again within one back-off: at most max_backoff plain passes after the turn, then long accepted runs
     assert stats.verifier_forwards <= 40 + spec.policy.max_backoff + 15
+
+
+def test_timed_costs_shrug_off_a_call_s_first_pass_and_a_load_spike():
+    """One slow pass (a call's one-time work, another process on the CPU) must not lock a good drafter out."""
+    from specdec.draft_length import OUTLIER, AdaptiveDraftLength, ChainPlan
+    from specdec.protocol import Proposal
+
+    policy = AdaptiveDraftLength(max_k=4)
+    plan = ChainPlan(policy)
+    plan.update(Proposal(torch.zeros(1, 2, dtype=torch.long)), [2], 0.5, 3.0, 2)  # the call's first pass: not timed
+    assert not policy.verify_costs and not policy.draft_costs and policy.acceptance > policy.prior_acceptance
+    for _ in range(10):
+        policy.update(2, 2, 0.004, 0.05)
+    policy.update(2, 2, 0.004, 5.0)  # a spike 100x the usual pass counts as OUTLIER x
+    assert policy.verify_costs[2] == pytest.approx(policy.decay * 0.05 + (1 - policy.decay) * OUTLIER * 0.05)
+    policy.update(0, 0, 0.0, 0.06)  # a plain pass a little slower than the drafting ones, measured under other load:
+    assert policy.choose(100) == 4  # the slope between k = 0 and 2 is shrunk toward the prior, so k = 4 still pays
