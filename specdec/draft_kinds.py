@@ -117,9 +117,11 @@ register_kind(DrafterKind(
 
 
 def _layers(text: str, arg: str | None) -> dict[str, Any]:
-    if not (arg or "").isdigit() or int(arg) < 1:
+    count = arg or ""
+    # ASCII only: str.isdigit() also passes '²' (which int() refuses) and '٣' (which int() reads as 3)
+    if not (count.isascii() and count.isdigit()) or int(count) < 1:
         raise DraftSpecError(f"drafter {text!r}: layer-skip needs a layer count >= 1, e.g. layer-skip:8")
-    return {"layers": int(arg)}
+    return {"layers": int(count)}
 
 
 def _build_layer_skip(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
@@ -128,8 +130,19 @@ def _build_layer_skip(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, d
     return LayerSkipDrafter(verifier, spec.layers)
 
 
+def _check_layers_fit(spec: DraftSpec, config: Any) -> None:
+    from specdec.drafters.layer_skip import check_layer_count
+
+    total = getattr(config, "num_hidden_layers", None)
+    if isinstance(total, int):  # a config without it: the drafter checks the model once it loads
+        try:
+            check_layer_count(spec.layers, total)
+        except DraftSpecError as e:
+            raise DraftSpecError(f"{spec.text}: {e}") from None
+
+
 register_kind(DrafterKind(
-    "layer-skip", "layer-skip:N", _build_layer_skip, parse=_layers,
+    "layer-skip", "layer-skip:N", _build_layer_skip, parse=_layers, check_verifier=_check_layers_fit,
     describe=lambda spec, verifier: {
         "description": f"{spec.text}: the verifier's first {spec.layers} layers and its LM head (no extra weights)",
         "note": "acceptance falls as fewer layers are kept"},

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows
+from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows, checked
 
 if TYPE_CHECKING:
     import torch
@@ -216,7 +216,8 @@ class ChainPlan(DraftPlan):
         return cls(FixedDraftLength(k))
 
     def propose(self, drafter: Proposer, rows: Rows, room: int, ctx: DraftContext) -> Drafts:
-        return drafter.propose(rows, self.policy.choose(room), ctx)
+        k = self.policy.choose(room)
+        return checked(drafter.propose(rows, k, ctx), drafter, rows, ctx, k, k)
 
     def update(self, drafts: Drafts, accepted: list[int], draft_seconds: float, verify_seconds: float,
                drafter_forwards: int, path: "torch.Tensor | None" = None) -> None:

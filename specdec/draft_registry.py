@@ -6,6 +6,8 @@ It holds no kinds of its own: :mod:`specdec.draft_kinds` declares the built-in o
 
 from __future__ import annotations
 
+import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,10 +21,22 @@ FALLBACK_KIND = "path"
 _KINDS: "dict[str, DrafterKind]" = {}
 #: names of the built-in kinds, which cannot be registered again
 _BUILTIN: set[str] = set()
+#: what a prefix may hold: it is typed on command lines (``--draft PREFIX[:ARGS]``), so no spaces, quotes or ':',
+#: and no leading '-' (argparse would take it for an option)
+_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+#: how many drafter names registered builders may lead through (one returning another's name) before a loop is assumed
+MAX_NAME_CHAIN = 8
+#: the drafter names being built in this context, outermost first (a registered builder may return another name)
+_BUILDING: ContextVar[tuple[str, ...]] = ContextVar("specdec_drafters_building", default=())
 
 
 class DraftSpecError(ValueError):
     """A drafter name that names no drafter; the message says what the accepted forms are."""
+
+
+class DrafterTypeError(DraftSpecError, TypeError):
+    """A registered builder returned something that is neither a drafter, a causal LM nor a drafter name (a
+    ``TypeError``, and a :class:`DraftSpecError` so that command lines print it on one line)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +87,9 @@ class DrafterKind:
             and, where known, ``weight_error``, ``head_weight_error`` and ``grid_bound`` (what the demo prints).
         check: ``check(spec)`` raises :class:`DraftSpecError` for a name that cannot be built, before any model
             loads (the CLI prints ``error: --draft MESSAGE``, so the message starts with the name).
+        check_verifier: ``check_verifier(spec, config)`` raises :class:`DraftSpecError` (its message starting with
+            the name, as ``check``'s) for a name the verifier cannot use, judged from the verifier's transformers
+            config, which the CLI reads before the weights load.
         hf_assistant: what it builds is a causal LM that transformers' assisted generation can use too.
     """
 
@@ -82,6 +99,7 @@ class DrafterKind:
     parse: Callable[[str, "str | None"], "dict[str, Any] | None"] | None = None
     describe: Callable[[DraftSpec, Any], dict[str, Any]] | None = None
     check: Callable[[DraftSpec], None] | None = None
+    check_verifier: Callable[[DraftSpec, Any], None] | None = None
     hf_assistant: bool = False
 
     def spec(self, text: str, arg: str | None) -> DraftSpec | None:
@@ -103,10 +121,15 @@ def register_kind(kind: DrafterKind, *, builtin: bool = False) -> DrafterKind:
     """Add a kind of drafter: its names then parse, build, describe themselves and appear in help texts
     everywhere a drafter is named (``SpeculativeModel(draft=...)``, the CLI, ``specdec eval``).
 
-    Registering a name again replaces its kind; a built-in kind's name is refused. Returns ``kind``.
+    Registering a name again replaces its kind; a built-in kind's name is refused, and so is a name that cannot be
+    typed in ``--draft`` (:class:`ValueError`) or a field that should be a function and is not (:class:`TypeError`).
+    Returns ``kind``.
     """
-    if not kind.name or ":" in kind.name:
-        raise ValueError(f"a drafter prefix must be non-empty and contain no ':', got {kind.name!r}")
+    _check_prefix(kind.name)
+    for field in ("build", "parse", "describe", "check", "check_verifier"):
+        value = getattr(kind, field)
+        if (value is not None or field == "build") and not callable(value):
+            raise TypeError(f"drafter kind {kind.name!r}: {field} must be a function, got {_what(value)}")
     if kind.name in _BUILTIN:
         raise ValueError(f"{kind.name!r} is a built-in drafter name and cannot be registered")
     if builtin:
@@ -121,13 +144,75 @@ def register_drafter(prefix: str, builder: Callable[[str, Any, Any], Any], *, hf
     Everywhere a drafter is named (``SpeculativeModel(draft=...)``, the CLI, ``specdec eval``). The
     builder returns a :class:`~specdec.drafters.Drafter` or a causal LM (drafted with as a model
     drafter). ``hf_assistant``: what it builds is a causal LM that HF assisted generation can use too.
+    The builder may also return another drafter's name, built in turn; a name that leads back to itself (or more
+    than :data:`MAX_NAME_CHAIN` names deep) raises :class:`DraftSpecError`, and anything else returned raises
+    :class:`DrafterTypeError`, when the drafter is built. A ``prefix`` that cannot be typed in ``--draft`` raises
+    :class:`ValueError`, a ``builder`` that is not callable :class:`TypeError`.
     (:func:`register_kind` declares a kind with its own parsing, description and help form.)
     """
+    _check_prefix(prefix)
+    if not callable(builder):
+        raise TypeError(f"register_drafter({prefix!r}, ...): the builder must be callable as "
+                        f"builder(spec, verifier, tokenizer), got {_what(builder)}")
+
+    def build(spec: DraftSpec, verifier: Any, tokenizer: Any, draft_tokenizer: Any) -> Any:
+        chain = (*_BUILDING.get(), spec.text)
+        looped = spec.text in chain[:-1]
+        if looped or len(chain) > MAX_NAME_CHAIN:
+            # no leading name: the CLI prints build errors after "--draft NAME:"
+            why = "lead back to themselves" if looped else f"lead through more than {MAX_NAME_CHAIN} names"
+            raise DraftSpecError(f"registered builders return drafter names that {why}: {' -> '.join(chain)}; a builder "
+                                 "must return a Drafter, a causal LM, or another drafter's name")
+        token = _BUILDING.set(chain)
+        try:
+            built = builder(spec.text, verifier, tokenizer)
+            if isinstance(built, str):  # built here, inside this name's context, so a loop of names is seen
+                inner = parse_draft(built)
+                built = inner.declared.build(inner, verifier, tokenizer, draft_tokenizer)
+        finally:
+            _BUILDING.reset(token)
+        _check_built(prefix, built)
+        return built
+
     register_kind(DrafterKind(
-        prefix, f"{prefix}[:ARGS]",
-        lambda spec, verifier, tokenizer, _draft_tokenizer: builder(spec.text, verifier, tokenizer),
+        prefix, f"{prefix}[:ARGS]", build,
         parse=lambda text, arg: {"kind": "registered", "prefix": prefix}, hf_assistant=hf_assistant,
     ))
+
+
+def _check_prefix(prefix: Any) -> None:
+    """Refuse a drafter prefix that could not be typed as ``--draft PREFIX[:ARGS]``."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"a drafter prefix must be a string, got {_what(prefix)}")
+    if not _PREFIX.fullmatch(prefix):
+        raise ValueError(f"a drafter prefix must be non-empty and contain no ':', spaces or other characters that "
+                         f"cannot be typed in --draft PREFIX[:ARGS] (ASCII letters, digits, '_', '.', '+', '-'; "
+                         f"not starting with '-'), got {prefix!r}")
+
+
+def _check_built(prefix: str, built: Any) -> None:
+    """Raise :class:`DrafterTypeError` unless a registered builder's result is a drafter or a causal LM."""
+    import torch  # only when a drafter is built: the registry stays torch-free at import
+
+    from specdec.drafters.base import Drafter
+
+    if isinstance(built, Drafter):
+        return
+    if isinstance(built, torch.nn.Module) and hasattr(built, "config") \
+            and callable(getattr(built, "get_output_embeddings", None)) and built.get_output_embeddings() is not None:
+        return
+    raise DrafterTypeError(f"the builder registered for drafter prefix {prefix!r} returned {_what(built)}: it must "
+                           "return a specdec.drafters.Drafter, a causal LM (a model with a config and an LM head, "
+                           "e.g. AutoModelForCausalLM), or another drafter's name")
+
+
+def _what(value: Any) -> str:
+    """``value`` named for an error message: a built-in value with its (shortened) repr, anything else by its class."""
+    kind = type(value)
+    if kind.__module__ == "builtins":
+        text = " ".join(repr(value).split())
+        return f"{kind.__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+    return f"a {kind.__module__}.{kind.__qualname__}"
 
 
 def kinds() -> list[DrafterKind]:

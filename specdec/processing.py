@@ -16,6 +16,8 @@ import torch
 from transformers import LogitsProcessorList
 from transformers.generation import logits_process as lp
 
+from specdec.constraints.adapt import constrained_rows
+
 #: one processor input: (the row's index in the call's batch, that row's context ``[length]``)
 RowContext = tuple[int, torch.LongTensor]
 
@@ -75,23 +77,27 @@ def build_row_processors(model, config, input_ids: torch.LongTensor, attention_m
     row's prompt and attention mask (padding) and with ``prefix_allowed_tokens_fn`` told the row's batch index.
     """
     length, device = input_ids.shape[1], input_ids.device
+    # grammar processors keep parser state between calls: each row gets its own, answering for any context
+    batched_user, row_user = constrained_rows(logits_processor, input_ids)
 
-    def build(ids: torch.LongTensor, mask: torch.Tensor, prefix_fn: Callable | None) -> LogitsProcessorList:
+    def build(ids: torch.LongTensor, mask: torch.Tensor, prefix_fn: Callable | None,
+              user: list) -> LogitsProcessorList:
         return model._get_logits_processor(
             generation_config=config,
             input_ids_seq_length=length,
             encoder_input_ids=ids,  # encoder_repetition_penalty / encoder_no_repeat_ngram_size read the prompt
             prefix_allowed_tokens_fn=prefix_fn,
-            logits_processor=logits_processor,
+            logits_processor=LogitsProcessorList(user),
             device=device,
             model_kwargs={"attention_mask": mask},
         )
 
-    batched = build(input_ids, attention_mask, prefix_allowed_tokens_fn)
+    batched = build(input_ids, attention_mask, prefix_allowed_tokens_fn, batched_user)
     if not batched:
         return RowProcessors(batched)
     rows = [build(input_ids[r : r + 1], attention_mask[r : r + 1], None if prefix_allowed_tokens_fn is None
-                  else functools.partial(_at_row, prefix_allowed_tokens_fn, r)) for r in range(input_ids.shape[0])]
+                  else functools.partial(_at_row, prefix_allowed_tokens_fn, r), row_user[r])
+            for r in range(input_ids.shape[0])]
     return RowProcessors(batched, rows)
 
 

@@ -3,6 +3,7 @@
 - :class:`Rows`: the committed rows of the active batch; :class:`DraftContext`: what a drafter may use to draft;
 - :class:`Drafts`: what a drafter proposes, a chain (:class:`Proposal`) or a tree (``specdec.trees.DraftTree``);
 - :class:`Commit`: what one verify pass committed, as the drafter is told;
+- :func:`checked`: a proposal checked against what was asked before the engine verifies it (:class:`ProposalError`);
 - :class:`DraftPlan`: how a call drafts (chains of a fixed or adaptive ``k``: ``specdec.draft_length.ChainPlan``;
   trees: ``specdec.trees.plan.TreePlan``). The engine asks the plan for each pass's proposal and tells it the
   outcome; it never asks which kind of plan or proposal it holds.
@@ -12,6 +13,7 @@ Imports nothing of specdec's but the processors, slot counts and the non-blockin
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol
 
@@ -28,6 +30,7 @@ class Drafts:
     tokens: torch.LongTensor
     probs: torch.Tensor | None
     values: torch.Tensor | None = None  # trees: per node, the drafter's estimate that it is accepted (sizing)
+    drafted: "DraftedIds | None" = None  # set by :func:`checked`: the drafter's own ids, checked after the pass's read
 
     @property
     def num_tokens(self) -> int:
@@ -176,6 +179,78 @@ class Commit:
         """Whether every row committed its accepted drafts plus one token (no stop inside the block), so that
         ``added == accepted + 1`` on the device too."""
         return all(n == a + 1 for a, n in zip(self.accepted_host, self.added_host))
+
+
+class ProposalError(ValueError):
+    """A drafter proposed something the engine cannot verify (wrong shape, dtype, length, rows or ids); the message
+    names the drafter's class."""
+
+
+@dataclass(frozen=True, eq=False)
+class DraftedIds:
+    """A proposal's ids as its drafter gave them (``ids [B, N]``, on the device). They ride along with the pass's one
+    device read (:meth:`specdec.verification.Verified.read`) and are checked on the host after it, before anything is
+    committed: checking them before the verify pass would cost a second host-device sync."""
+
+    ids: torch.Tensor
+    vocab_size: int
+    drafter: str
+
+    def check(self, host: list[list[int]]) -> None:
+        """Raise :class:`ProposalError` if any of ``host`` (:attr:`ids` as read) is outside ``[0, vocab_size)``."""
+        for b, row in enumerate(host):
+            bad = next((t for t in row if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ProposalError(f"drafter {self.drafter} proposed token id {bad} (row {b}); ids must be in "
+                                    f"[0, {self.vocab_size}), the verifier's vocabulary")
+
+
+def checked(drafts: Drafts, drafter: object, rows: Rows, ctx: DraftContext, nodes: int, depth: int,
+            kind: type[Drafts] = Proposal) -> Drafts:
+    """``drafts`` as the engine may verify them: at most ``nodes`` drafts per row, at most ``depth`` deep (a chain:
+    both are its ``k``), one row per row of ``rows``, ``torch.long`` ids on the rows' device, ``probs``
+    ``[B, N, vocab]``; otherwise a one-line :class:`ProposalError` naming the drafter's class. A custom drafter's bad
+    proposal would otherwise overflow the cache, pass unnoticed (a ragged batch) or index past the vocabulary (a
+    device-side assert that ends the process on CUDA).
+
+    These checks read shapes only (no device sync). The ids' range cannot be read without one, so the ids are
+    clamped into the vocabulary for the verify pass (one elementwise op; nothing past it reaches an embedding) and
+    the drafter's own ids kept as :attr:`Drafts.drafted`, read with the pass's one read and checked after it. Built-in
+    drafters are checked too: it costs one clamp a pass. Returns a shallow copy; the drafter's object is untouched."""
+    name = type(drafter).__name__
+
+    def refuse(problem: str) -> ProposalError:
+        return ProposalError(f"drafter {name} {problem}")
+
+    if not isinstance(drafts, kind):
+        raise refuse(f"returned {type(drafts).__name__}, not a {kind.__name__}")
+    tokens, vocab = drafts.tokens, ctx.vocab_size
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long or tokens.dim() != 2:
+        what = f"{tokens.dtype} tensor of shape {tuple(tokens.shape)}" if isinstance(tokens, torch.Tensor) \
+            else type(tokens).__name__
+        raise refuse(f"proposed tokens as a {what}; they must be a torch.long tensor [rows, drafts]")
+    batch, n = tokens.shape
+    if batch != len(rows):
+        raise refuse(f"proposed {batch} rows of drafts for a batch of {len(rows)}")
+    if tokens.device != rows.device:
+        raise refuse(f"proposed tokens on {tokens.device}; the rows are on {rows.device}")
+    if n > nodes:
+        raise refuse(f"proposed {n} drafts per row; this pass asked for at most {nodes}")
+    deepest = n if kind is Proposal else max((d for _, d in drafts.scored()), default=0)
+    if deepest > depth:
+        raise refuse(f"proposed drafts {deepest} deep; this pass asked for at most {depth}")
+    probs = drafts.probs
+    if probs is not None and (not isinstance(probs, torch.Tensor) or not probs.is_floating_point() or probs.dim() != 3
+                              or probs.shape != (batch, n, vocab or probs.shape[-1])):
+        what = f"a {probs.dtype} tensor of shape {tuple(probs.shape)}" if isinstance(probs, torch.Tensor) \
+            else type(probs).__name__
+        raise refuse(f"proposed probs as {what}; they must be a float tensor {[batch, n, vocab or 'vocab']}")
+    if vocab is None or n == 0:
+        return drafts
+    safe = copy.copy(drafts)
+    safe.tokens = tokens.clamp(0, vocab - 1)
+    safe.drafted = DraftedIds(tokens, vocab, name)
+    return safe
 
 
 class Proposer(Protocol):

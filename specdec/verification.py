@@ -15,7 +15,7 @@ import torch
 
 from specdec.acceptance import greedy_accept, one_hot, rejection_accept
 from specdec.arguments import GenerationSetup
-from specdec.protocol import Commit, Drafts, Proposal, Rows
+from specdec.protocol import Commit, DraftedIds, Drafts, Proposal, Rows
 from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
 from specdec.trees.tree import DraftTree, reads_context
 from specdec.verifiers.session import CacheSession
@@ -35,14 +35,21 @@ class Verified:
     path: torch.LongTensor | None = None
     block: int = 0  # trees: tokens in the verify pass (root + nodes)
     path_host: list[list[int]] | None = None  # trees: ``path`` as host ints, set by :meth:`read`
+    drafted: DraftedIds | None = None  # the drafter's own ids, checked by :meth:`read` (``specdec.protocol.checked``)
 
     def read(self) -> tuple[list[int], list[list[int]]]:
         """The pass's one device read: ``accepted`` per row and each row's tokens to commit, as host ints (a tree's
-        accepted ``path`` rides along, kept as :attr:`path_host`)."""
-        parts = [self.accepted.unsqueeze(1), self.tokens] + ([self.path] if self.path is not None else [])
-        both = torch.cat(parts, dim=1).tolist()
+        accepted ``path`` rides along, kept as :attr:`path_host`; so do the drafter's own ids, which are checked here,
+        before anything is committed: a :class:`~specdec.protocol.ProposalError` if any is outside the vocabulary)."""
+        path = [] if self.path is None else [self.path]
+        ids = [] if self.drafted is None else [self.drafted.ids]
+        both = torch.cat([self.accepted.unsqueeze(1), self.tokens, *path, *ids], dim=1).tolist()
+        start = 1 + self.tokens.shape[1]
+        end = start + (self.path.shape[1] if self.path is not None else 0)
+        if self.drafted is not None:
+            self.drafted.check([row[end:] for row in both])
         if self.path is not None:
-            self.path_host = [row[1 + self.tokens.shape[1]:] for row in both]
+            self.path_host = [row[start:end] for row in both]
         return [row[0] for row in both], [row[1 : row[0] + 2] for row in both]
 
     def keep(self, cache: CacheSession, update: Commit) -> None:
@@ -59,7 +66,9 @@ class Verified:
 def verify(cache: CacheSession, rows: Rows, drafts: Drafts, setup: GenerationSetup, layers: tuple[int, ...],
            generator: torch.Generator | None) -> Verified:
     """One verify pass over ``drafts``: :func:`verify_chain` for a chain, :func:`verify_tree` for a tree."""
-    return _pass_for(drafts)(cache, rows, drafts, setup, layers, generator)
+    verified = _pass_for(drafts)(cache, rows, drafts, setup, layers, generator)
+    verified.drafted = drafts.drafted
+    return verified
 
 
 @singledispatch

@@ -14,7 +14,8 @@ import torch
 
 import specdec
 from specdec import draft_registry, draft_spec
-from specdec.cli import _check_model_and_draft, drafter_summary, main
+from specdec.cli import drafter_summary, main
+from specdec.user_input import check_model_and_draft
 from specdec.draft_spec import DraftSpecError, DrafterKind, forms, parse_draft, register_drafter, register_kind
 from specdec.drafters import Drafter, Proposal, resolve_drafter
 from specdec.eval.methods import has_hf_assistant, plan_methods
@@ -93,8 +94,8 @@ def test_a_registered_kind_parses_builds_and_describes_itself(model, capsys):
     with pytest.raises(DraftSpecError, match="echo needs a token id"):
         parse_draft("echo:x")
     with pytest.raises(SystemExit, match="^error: --draft: drafter 'echo': echo needs a token id"):
-        _check_model_and_draft("smollm2", "echo")
-    _check_model_and_draft("smollm2", "echo:7")  # no check declared: nothing more to refuse
+        check_model_and_draft("smollm2", "echo")
+    check_model_and_draft("smollm2", "echo:7")  # no check declared: nothing more to refuse
 
     drafter = resolve_drafter("echo:7", model)
     assert isinstance(drafter, EchoDrafter) and drafter.token == 7
@@ -193,7 +194,7 @@ def test_built_in_errors_read_as_before(text, message):
 ])
 def test_the_cli_refuses_unbuildable_names_before_loading(text, message):
     with pytest.raises(SystemExit) as err:
-        _check_model_and_draft("smollm2", text)
+        check_model_and_draft("smollm2", text)
     assert err.value.code.startswith(message)
 
 

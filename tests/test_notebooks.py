@@ -21,7 +21,7 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
-EXPECTED_NOTEBOOKS = {"01_quickstart", "02_acceptance", "03_kv_cache", "04_two_phases"}
+EXPECTED_NOTEBOOKS = {"01_quickstart", "02_acceptance", "03_kv_cache", "04_two_phases", "05_structured_output"}
 PLOTTING_NOTEBOOKS = {"02_acceptance", "03_kv_cache", "04_two_phases"}
 KERNEL = "specdec-examples"
 

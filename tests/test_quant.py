@@ -506,3 +506,16 @@ def test_cli_with_a_local_model_directory(tmp_path, capsys):
     assert run_quant_report(args) == 0
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert data["schemes"][0]["scheme"] == "int8" and data["positions"] == 4
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_a_quantized_self_copy_drafts_a_ragged_batch(scheme):
+    """A ragged batch hands the packed-weight kernels strided rows, which they refused (``expect A to be contiguous``)."""
+    import specdec
+    from tiny_models import left_padded, make_model
+
+    model = make_model("llama")
+    ids, mask = left_padded([3, 8, 5], seed=2)
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
+    spec = specdec.SpeculativeModel(model, f"self:{scheme}", num_draft_tokens=3)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))

@@ -9,7 +9,15 @@ import copy
 
 import torch
 
+from specdec.draft_registry import DraftSpecError
 from specdec.drafters.model import ModelDrafter
+
+
+def check_layer_count(num_layers: int, total: int) -> None:
+    """Raise :class:`~specdec.draft_spec.DraftSpecError` unless a verifier of ``total`` decoder layers can draft with
+    its first ``num_layers`` (the CLI checks this against the verifier's config before the weights load)."""
+    if not 1 <= num_layers < total:
+        raise DraftSpecError(f"layer-skip needs 1 <= N < {total} (the verifier's layer count), got {num_layers}")
 
 
 def _decoder_layers_path(model: torch.nn.Module, num_layers: int) -> list[str]:
@@ -17,15 +25,14 @@ def _decoder_layers_path(model: torch.nn.Module, num_layers: int) -> list[str]:
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and name:
             return name.split(".")
-    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} for layer-skip drafting")
+    raise DraftSpecError(f"cannot find the decoder layers of {type(model).__name__} for layer-skip drafting")
 
 
 def truncated_model(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
     """A view of ``model`` that runs only its first ``num_layers`` decoder layers (weights shared)."""
     config = model.config
     total = int(config.num_hidden_layers)
-    if not 1 <= num_layers < total:
-        raise ValueError(f"layer-skip needs 1 <= N < {total} (the verifier's layer count), got {num_layers}")
+    check_layer_count(num_layers, total)
     path = _decoder_layers_path(model, total)
     small_config = copy.deepcopy(config)
     small_config.num_hidden_layers = num_layers

@@ -10,7 +10,8 @@
 Modules: :mod:`~specdec.eval.config` (:class:`EvalConfig`), :mod:`~specdec.eval.methods` (methods,
 drafters for both sides), :mod:`~specdec.eval.measure` (timing one generation),
 :mod:`~specdec.eval.records` (the output directory, resume checks), :mod:`~specdec.eval.runner` (the
-loop), :mod:`~specdec.eval.report` and :mod:`~specdec.eval.plots`; prompts come from :mod:`specdec.prompts`.
+loop), :mod:`~specdec.eval.json_schema` (JSON answers: schema constraints and validity),
+:mod:`~specdec.eval.report` and :mod:`~specdec.eval.plots`; prompts come from :mod:`specdec.prompts`.
 
 Command line: ``specdec eval ...`` or ``python -m specdec.eval ...`` (see docs/eval.md).
 Heavy dependencies (datasets, evaluate, accelerate, matplotlib: ``pip install 'specdec[eval]'``)
@@ -19,6 +20,7 @@ are imported only when used.
 
 from specdec.drafters import register_drafter  # the one drafter registry; re-exported here for older code
 from specdec.eval.config import EvalConfig
+from specdec.eval.json_schema import SchemaConstraints, SchemaError, check_output, is_valid
 from specdec.eval.methods import MethodSpec, ResolvedDraft, plan_methods, resolve_draft
 from specdec.eval.metrics import compute_metric, metric_path
 from specdec.eval.records import OutputDirError, ResumeError, check_out_dir, load_records
@@ -35,10 +37,14 @@ __all__ = [
     "Prompt",
     "ResolvedDraft",
     "ResumeError",
+    "SchemaConstraints",
+    "SchemaError",
     "build_summary",
     "check_out_dir",
+    "check_output",
     "compute_metric",
     "default_dataset",
+    "is_valid",
     "load_prompts",
     "load_records",
     "metric_path",

@@ -67,8 +67,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     """Add ``specdec eval``'s arguments to ``parser`` (returned for chaining)."""
     data = parser.add_argument_group("prompts")
     data.add_argument("--dataset", default=None,
-                      help="local .json/.jsonl/.csv/.tsv/.parquet file or dataset directory, or a hub dataset name "
-                           "(needs the hub); default: the Spec-Bench questions when present")
+                      help="local .json/.jsonl/.csv/.tsv/.parquet file or dataset directory, 'json-schema' (shipped: "
+                           "JSON answers against schemas), or a hub dataset name (needs the hub); default: the "
+                           "Spec-Bench questions when present")
     data.add_argument("--split", default="train", help="split of a dataset directory or hub dataset (default: train)")
     data.add_argument("--dataset-config", default=None, help="configuration name of a hub dataset")
     data.add_argument("--prompt-column", default=None, help="text column (default: 'prompt', or Spec-Bench 'turns')")
@@ -115,6 +116,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                           "reproducible, tree=auto and adaptive k size from cost models) or global (torch.manual_seed, "
                           "no generator: the call most users make, learning from the clock across calls)")
     gen.add_argument("--no-chat-template", action="store_true", help="feed prompts raw instead of as a chat turn")
+    gen.add_argument("--json-schema", action=argparse.BooleanOptionalAction, default=False,
+                     help="generate each prompt under its JSON schema (its 'schema' field, e.g. --dataset json-schema) "
+                          "with xgrammar, every method alike; answers of prompts with a schema are checked against it "
+                          "either way (valid in records and report)")
     gen.add_argument("--batch-size", type=_positive, default=1,
                      help="prompts per generate call, left padded into one batch (default: 1); with more, "
                           "summary.json reports batched throughput, and hf-assisted/hf-prompt-lookup (one row "
@@ -155,22 +160,27 @@ def _select(prompts: list, per_group: Any) -> tuple[list, int | None]:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``specdec eval`` for parsed ``args``; returns the exit status."""
+    from specdec.user_input import DeviceError, check_device, check_model_and_draft, drafter_errors
+
     if args.do_sample is False and (args.temperature is not None or args.top_p is not None):
         _log("note: --temperature/--top-p only apply with --do-sample; decoding greedily")
+    # as `specdec generate` does: a bad --model, --draft or --device fails now, not after the prompts and the model load
+    check_model_and_draft(args.model, args.draft)
+    if args.device != _AUTO:
+        try:
+            check_device(args.device)
+        except DeviceError as err:
+            raise SystemExit(f"error: --device {err}") from None
 
     import torch
     from accelerate import PartialState
 
-    from specdec.draft_spec import DraftSpecError
-    from specdec.drafters import VocabularyMismatchError
     from specdec.eval.config import EvalConfig
+    from specdec.eval.json_schema import SchemaError, require_schemas
     from specdec.eval.records import OutputDirError, ResumeError
     from specdec.eval.runner import run_eval as evaluate_model
-    from specdec.heads.checkpoint import HeadLoadError
     from specdec.models import ModelNotFoundError, load_model
     from specdec.prompts import DatasetError, default_dataset, load_prompts
-    from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
-    from specdec.verifiers import UnsupportedModelError
 
     dataset = args.dataset or default_dataset()
     if dataset is None:
@@ -180,7 +190,9 @@ def run_eval(args: argparse.Namespace) -> int:
         prompts = load_prompts(dataset, split=args.split, config=args.dataset_config,
                                prompt_column=args.prompt_column, group_column=args.group_column)
         prompts, per_group = _select(prompts, args.per_group)
-    except DatasetError as err:
+        if args.json_schema:  # before the model loads
+            require_schemas(prompts)
+    except (DatasetError, SchemaError) as err:
         raise SystemExit(f"error: {err}") from None
 
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
@@ -198,7 +210,7 @@ def run_eval(args: argparse.Namespace) -> int:
         out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens, baselines=args.baselines,
         adaptive=args.adaptive, tree=args.tree, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, seeding=args.seeding, chat=not args.no_chat_template,
-        prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size,
+        prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size, json_schema=args.json_schema,
         compile_drafter=args.compile_drafter, compile_verifier={None: False, "on": True, "both": "both"}[args.compile_verifier], warmup=not args.no_warmup, progress=not args.no_progress,
         plots=not args.no_plots, overwrite=args.overwrite, model_name=args.model, dataset=str(dataset),
         summary_config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
@@ -207,8 +219,7 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     try:
         report = evaluate_model(model, tokenizer, prompts, config)
-    except (ResumeError, OutputDirError, DraftSpecError, UnknownSchemeError, UnsupportedSchemeError,
-            VocabularyMismatchError, ModelNotFoundError, HeadLoadError, UnsupportedModelError) as err:
+    except (ResumeError, OutputDirError, *drafter_errors()) as err:
         # a drafter or tree the model cannot use (no shipped head, a missing head directory, a sliding-window
         # model with --tree): one line, like every other error here
         raise SystemExit(f"error: {' '.join(str(err).splitlines())}") from None

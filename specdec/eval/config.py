@@ -64,6 +64,10 @@ class EvalConfig:
             every graph compiled before timing (warm-up or not); ``"both"`` runs each specdec method eagerly and
             compiled (``specdec[...,compiled]``), to compare them in one run. ``summary.json`` gives each specdec
             method's ``compile_verifier`` and ``verifier_compile_seconds``.
+        json_schema: generate every prompt under its JSON schema (``Prompt.schema``; each method's ``generate``
+            gets a fresh xgrammar logits processor, the grammars compiled before timing); every prompt must have one
+            (:class:`~specdec.eval.json_schema.SchemaError` otherwise). Prompts with a schema get a ``valid`` record
+            and a validity rate in the summary with or without it.
         warmup: one short untimed generation per method before the first timed one.
         progress: tqdm bar on stderr.
         plots: write PNG plots.
@@ -92,6 +96,7 @@ class EvalConfig:
     batch_size: int = 1
     compile_drafter: bool = False
     compile_verifier: bool | str = False
+    json_schema: bool = False
     warmup: bool = True
     progress: bool = True
     plots: bool = True

@@ -3,7 +3,8 @@
 Records go to ``records.jsonl`` (``records.rankN.jsonl`` per process under ``accelerate launch``),
 one JSON line per (prompt, method), as each prompt finishes. A rerun skips recorded pairs, and refuses
 a directory recorded with other settings (``eval_config.json``, :data:`RESUME_KEYS`) or other prompt
-text (each record's :func:`prompt_hash`).
+text (each record's :func:`prompt_hash`). A method that raised on a prompt leaves an error record
+(:func:`make_error_record`), which a rerun tries again.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -32,10 +34,13 @@ OUTPUT_FILES = (SUMMARY_FILE, REPORT_FILE, *PLOT_FILES)
 #: settings that change what a recorded (prompt, method) pair means: a resume must match them
 RESUME_KEYS = ("model", "dataset", "dtype", "device", "device_name", "num_processes", "max_new_tokens", "do_sample",
                "temperature", "top_p", "seed", "chat_template", "prompt_lookup_num_tokens", "batch_size",
-               "compile_drafter", "compile_verifier", "warmup")
+               "compile_drafter", "compile_verifier", "json_schema", "warmup")
 #: keys that only matter to some methods: ``None`` (no such method in that run) matches any value
 _OPTIONAL_KEYS = ("prompt_lookup_num_tokens",)
-_RESUME_DEFAULTS = {"batch_size": 1, "compile_drafter": False, "compile_verifier": False}  # runs recorded before these keys existed
+# runs recorded before these keys existed
+_RESUME_DEFAULTS = {"batch_size": 1, "compile_drafter": False, "compile_verifier": False, "json_schema": False}
+#: longest error message a record keeps
+_ERROR_CHARS = 300
 
 
 def shard_path(out_dir: Path, rank: int = 0, world: int = 1) -> Path:
@@ -44,7 +49,8 @@ def shard_path(out_dir: Path, rank: int = 0, world: int = 1) -> Path:
 
 
 def load_records(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every record in ``out_dir`` (all shards), first occurrence of each (prompt, method) pair kept.
+    """Every record in ``out_dir`` (all shards), first occurrence of each (prompt, method) pair kept: the first
+    measured one where there is one, else the last error record (a rerun tries an error again and appends).
 
     A line cut short by an interrupted run is skipped (its pair is simply run again).
     """
@@ -59,7 +65,9 @@ def load_records(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            seen.setdefault((str(rec["prompt_id"]), rec["method"]), rec)
+            key = (str(rec["prompt_id"]), rec["method"])
+            if key not in seen or seen[key].get("error") is not None:
+                seen[key] = rec
     return list(seen.values())
 
 
@@ -156,6 +164,25 @@ def clear(out_dir: Path) -> None:
     for path in [*out_dir.glob("records*.jsonl"), *(out_dir / n for n in (CONFIG_FILE, *OUTPUT_FILES))]:
         if path.is_file():
             path.unlink()
+
+
+def error_message(err: BaseException) -> str:
+    """``err`` in one line: its type, its message and where it was raised (a bare ``assert`` has no message)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    # the innermost frame, as package/module.py (a bare file name such as hf.py is ambiguous)
+    where = f" ({'/'.join(Path(frames[-1].filename).parts[-3:])}:{frames[-1].lineno})" if frames else ""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}{': ' + text if text else ''}{where}"[:_ERROR_CHARS]
+
+
+def make_error_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, prompt_tokens: int, error: str,
+                      rank: int) -> dict[str, Any]:
+    """The record of a (prompt, method) pair whose generation raised: ``error`` is the one-line message. It has no
+    measurement (no ``new_tokens``, ``seconds``, ``output_ids``); the summary counts it in the method's ``errors``."""
+    return {"prompt_id": prompt.id, "prompt_index": index, "group": prompt.group,
+            "prompt_sha256": prompt_hash(prompt.text), "method": method.name, "kind": method.kind,
+            "draft": method.draft, "k": method.k, "order": slot, "rank": rank, "prompt_tokens": prompt_tokens,
+            "error": error}
 
 
 def make_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: "Measurement", prompt_tokens: int,

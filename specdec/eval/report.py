@@ -32,6 +32,12 @@ Each specdec method has ``compile_verifier`` (its verify passes ran through ``to
 ``verifier_compile_seconds`` (the untimed priming of its pass shapes; graphs another method compiled first are
 shared, so they cost it little) and ``verifier_graphs_in_calls`` (pass shapes compiled inside timed calls, which
 should be 0); both are ``null`` without it.
+
+Prompts with a JSON schema (``specdec eval --dataset json-schema``, with or without ``--json-schema``) add ``valid``
+(answers that parse as JSON and validate against their schema) and ``validity_rate`` (over the prompts the method
+answered); both are ``null`` for prompts without one. A method that raised on a prompt has an error record for it:
+``errors`` counts them and ``error`` is the first one's message (one line). Its figures are over the prompts it
+answered, and each ``speedup_vs`` over the prompts both methods answered.
 """
 
 from __future__ import annotations
@@ -63,32 +69,37 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
 
     ``speculative``: the method drafts (acceptance figures); ``compare``: count its greedy outputs equal to ``hf``'s.
     """
-    tokens = [r["new_tokens"] for r in rows]
+    tokens = [r["new_tokens"] for r in rows]  # rows: measured records only (no error records)
     seconds = [r["seconds"] for r in rows]
     total_s = sum(seconds)
     fig: dict[str, Any] = {
         "prompts": len(rows),
         "new_tokens": sum(tokens),
         "seconds": _round(total_s),
-        "tokens_per_s": _round(metrics.throughput(tokens, seconds), 3),
+        "tokens_per_s": _round(metrics.throughput(tokens, seconds), 3) if rows else None,
         "time_to_first_token": _round(mean(r["time_to_first_token"] for r in rows) if rows else None, 5),
         "time_per_output_token": _round(mean(r["time_per_output_token"] for r in rows) if rows else None, 5),
     }
     ratios = {}
     for name, base in baseline_rows.items():
-        ratios[name] = _round(compute_metric(
-            "speedup", new_tokens=tokens, seconds=seconds,
-            baseline_new_tokens=[r["new_tokens"] for r in base], baseline_seconds=[r["seconds"] for r in base],
+        # over the prompts both answered (all of them unless one raised on some)
+        ours, theirs = _common(rows, base)
+        ratios[name] = None if not ours else _round(compute_metric(
+            "speedup", new_tokens=[r["new_tokens"] for r in ours], seconds=[r["seconds"] for r in ours],
+            baseline_new_tokens=[r["new_tokens"] for r in theirs], baseline_seconds=[r["seconds"] for r in theirs],
         )["speedup"])
     fig["speedup"] = ratios.get("hf")
     fig["speedup_vs_hf_compiled"] = ratios.get(HF_COMPILED)
     fig["speedup_vs"] = ratios
+    fig.update(_validity(rows))
     keys = ("proposed", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_length",
             "mean_draft_length", "mean_tree_tokens", "identical")
     fig.update(dict.fromkeys(keys))
     if greedy and compare:
-        fig["identical"] = compute_metric("token_exact_match", predictions=[r["output_ids"] for r in rows],
-                                          references=[reference[r["prompt_id"]] for r in rows])["matches"]
+        compared = [r for r in rows if r["prompt_id"] in reference]  # hf answered them
+        fig["identical"] = None if not compared else compute_metric(
+            "token_exact_match", predictions=[r["output_ids"] for r in compared],
+            references=[reference[r["prompt_id"]] for r in compared])["matches"]
     if not speculative:
         return fig
     if rows and all(r.get("proposed_per_position") is not None for r in rows):
@@ -107,6 +118,29 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
             fig["mean_draft_length"] = fig["mean_tree_tokens"] = _round(
                 metrics.mean_draft_length(fig["proposed"], [r["verifier_passes"] for r in rows]))
     return fig
+
+
+def _common(rows: Sequence[Mapping[str, Any]],
+            base: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """``rows`` and ``base`` on the prompts both have (both lists whole when they cover the same prompts)."""
+    ours = {r["prompt_id"] for r in rows}
+    theirs = {r["prompt_id"] for r in base}
+    return [r for r in rows if r["prompt_id"] in theirs], [r for r in base if r["prompt_id"] in ours]
+
+
+def _validity(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``valid``: answers valid under their prompt's JSON schema; ``validity_rate``: over the answers checked
+    (both ``None`` when no prompt has a schema)."""
+    checked = [r["valid"] for r in rows if r.get("valid") is not None]
+    if not checked:
+        return {"valid": None, "validity_rate": None}
+    return {"valid": sum(checked), "validity_rate": _round(sum(checked) / len(checked))}
+
+
+def _errors(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``errors``: the pairs whose generation raised (error records); ``error``: the first one's message."""
+    failed = [r for r in rows if r.get("error") is not None]
+    return {"errors": len(failed), "error": failed[0]["error"] if failed else None}
 
 
 def _compile_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -134,29 +168,37 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
     names = [m.name for m in methods]
     wanted = {p.id for p in prompts}
     by_key = {(str(r["prompt_id"]), r["method"]): r for r in records if r["method"] in names}
+    # complete: every method has a record, measured or an error (a method that raised is not left out of the run)
     complete = [p for p in prompts if all((p.id, n) in by_key for n in names)]
     groups = group_order(complete)
     baselines = [m.name for m in methods if not m.kind == "specdec"]
     greedy = not config.get("do_sample", False)
-    reference = {p.id: by_key[(p.id, "hf")]["output_ids"] for p in complete}
+    reference = {p.id: by_key[(p.id, "hf")]["output_ids"] for p in complete
+                 if by_key[(p.id, "hf")].get("error") is None}
     batch_size = int(config.get("batch_size") or 1)  # tokens_per_s and speedups are then batched throughput
 
-    def rows(name: str, group: str | None = None) -> list[Mapping[str, Any]]:
+    def all_rows(name: str, group: str | None = None) -> list[Mapping[str, Any]]:
         return [by_key[(p.id, name)] for p in complete if group is None or p.group == group]
+
+    def rows(name: str, group: str | None = None) -> list[Mapping[str, Any]]:
+        """The method's measured records (its error records left out)."""
+        return [r for r in all_rows(name, group) if r.get("error") is None]
 
     entries = []
     for m in methods:
         bases = {b: rows(b) for b in baselines if b != m.name or b == "hf"}
         compare = m.kind != "hf"
         entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k, "batch_size": batch_size,
-                 **_figures(rows(m.name), bases, m.speculative, greedy, reference, compare)}
+                 **_figures(rows(m.name), bases, m.speculative, greedy, reference, compare),
+                 **_errors(all_rows(m.name))}
         if m.kind == HF_COMPILED:
             entry.update(_compile_figures(rows(m.name)))
         if m.kind == "specdec":  # the configuration used: the last record's (auto: with what it learnt)
             entry["tree"] = next((r.get("tree") for r in reversed(rows(m.name)) if r.get("tree")), None)
             entry.update(_verifier_compile_figures(rows(m.name), bool(getattr(m, "compiled", False))))
         entry["groups"] = {
-            g: _figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference, compare)
+            g: {**_figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference, compare),
+                **_errors(all_rows(m.name, g))}
             for g in groups
         }
         entries.append(entry)
@@ -180,10 +222,22 @@ def _fmt(x: Any, spec: str = ".2f", scale: float = 1.0) -> str:
     return "-" if x is None else format(x * scale, spec)
 
 
+def _has_validity(summary: Mapping[str, Any]) -> bool:
+    """Whether some answer was checked against a JSON schema (the ``valid`` column appears only then)."""
+    return any(m.get("valid") is not None for m in summary["methods"])
+
+
+def _has_errors(summary: Mapping[str, Any]) -> bool:
+    """Whether some method raised (the ``errors`` column appears only then)."""
+    return any(m.get("errors") for m in summary["methods"])
+
+
 def _table_rows(summary: Mapping[str, Any], group: str | None) -> tuple[list[str], list[list[str]]]:
     baselines = summary["baselines"]
+    valid, errors = _has_validity(summary), _has_errors(summary)
     head = ["method", "prompts", "tokens", "tok/s", *[f"vs {b}" for b in baselines], "accept", "mean len",
             "draft len", "TTFT ms", "TPOT ms", "identical"]
+    head += (["valid"] if valid else []) + (["errors"] if errors else [])
     body = []
     for m in summary["methods"]:
         f = m if group is None else m["groups"].get(group)
@@ -191,9 +245,15 @@ def _table_rows(summary: Mapping[str, Any], group: str | None) -> tuple[list[str
             continue
         vs = [("-" if b == m["name"] and b != "hf" else _fmt(f["speedup_vs"].get(b))) for b in baselines]
         ident = "-" if f["identical"] is None else f"{f['identical']}/{f['prompts']}"
+        extra = []
+        if valid:
+            extra.append("-" if f.get("valid") is None else f"{f['valid']}/{f['prompts']}")
+        if errors:
+            extra.append(str(f.get("errors") or 0))
         body.append([m["name"], str(f["prompts"]), str(f["new_tokens"]), _fmt(f["tokens_per_s"]), *vs,
                      _fmt(f["acceptance_rate"]), _fmt(f["mean_accepted_length"]), _fmt(f.get("mean_draft_length")),
-                     _fmt(f["time_to_first_token"], ".0f", 1000), _fmt(f["time_per_output_token"], ".1f", 1000), ident])
+                     _fmt(f["time_to_first_token"], ".0f", 1000), _fmt(f["time_per_output_token"], ".1f", 1000), ident,
+                     *extra])
     return head, body
 
 
@@ -260,6 +320,24 @@ def _verifier_compile_note(summary: Mapping[str, Any]) -> str:
     return note
 
 
+def _error_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One markdown line per method that raised on some prompts: how many, and the first message."""
+    return [f"- `{m['name']}` raised on {m['errors']} prompt(s): {m['error']}" for m in summary["methods"]
+            if m.get("errors")]
+
+
+def _schema_note(summary: Mapping[str, Any]) -> str:
+    """One paragraph on JSON-schema answers (``valid`` column), or ``""``."""
+    if not _has_validity(summary):
+        return ""
+    how = ("generated under each prompt's JSON schema (`--json-schema`, xgrammar"
+           + (f"; grammars compiled in {summary['config']['grammar_compile_seconds']:.2f} s before timing"
+              if summary["config"].get("grammar_compile_seconds") is not None else "") + ")"
+           if summary["config"].get("json_schema") else "generated without constraint")
+    return (f"Answers were {how}; `valid` counts those that parse as JSON and validate against their prompt's schema "
+            "(out of the prompts the method answered).")
+
+
 def _sections(summary: Mapping[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     out = [(OVERALL, *_table_rows(summary, None))]
     if len(summary["groups"]) > 1:  # a single group's table would repeat the overall one
@@ -276,9 +354,12 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
               "`mean len` the tokens committed per verifier pass, `draft len` the draft tokens proposed per verifier "
               "pass (k, or less where adaptive k drafts less; for `tree=` methods the tree's nodes, and `accept` is "
               "accepted over scored nodes), `identical` the greedy outputs equal to `hf`'s.", ""]
-    for note in (_compile_note(summary), _verifier_compile_note(summary)):
+    for note in (_compile_note(summary), _verifier_compile_note(summary), _schema_note(summary)):
         if note:
             lines += [note, ""]
+    if _error_lines(summary):
+        lines += ["Methods that raised (their figures are over the prompts they answered):", "",
+                  *_error_lines(summary), ""]
     if summary.get("incomplete_prompts"):
         lines += [f"{summary['incomplete_prompts']} prompt(s) not completed by every method are left out.", ""]
     for title, head, body in _sections(summary):
@@ -294,7 +375,8 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
 def render_html(summary: Mapping[str, Any]) -> str:
     """HTML tables of the report (for Jupyter)."""
     parts = [f"<p>{html.escape(_describe(summary))}</p>"]
-    for note in (_compile_note(summary), _verifier_compile_note(summary)):
+    notes = (_compile_note(summary), _verifier_compile_note(summary), _schema_note(summary), *_error_lines(summary))
+    for note in notes:
         if note:
             parts.append(f"<p>{html.escape(note)}</p>")
     parts += [_html_table(head, body, title) for title, head, body in _sections(summary)]

@@ -8,6 +8,9 @@ For ``self:SCHEME`` the quantized copy is built once and the same module drafts 
 assisted generation. Methods run in an order rotated per prompt, after one warm-up each, with the same
 chat template (:func:`specdec.prompts.encode_batch`) and generation arguments. Under ``accelerate
 launch`` the prompts are split between the processes and the main process gathers the report.
+
+A method that raises on a prompt does not stop the run: its pair gets an error record (one line), and the report
+counts it. With ``json_schema`` each call generates under its prompts' JSON schemas (:mod:`specdec.eval.json_schema`).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ import json
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+from transformers import LogitsProcessorList
 
+from specdec.constraints.adapt import AnyOrder
 from specdec.eval.config import EvalConfig
+from specdec.eval.json_schema import SchemaConstraints, require_schemas, validity
 from specdec.eval.measure import (
     WARMUP_TOKENS,
     CompiledRunner,
@@ -31,6 +37,7 @@ from specdec.eval.measure import (
     restore_compile_state,
 )
 from specdec.eval.methods import (
+    ASSISTED_KINDS,
     HF,
     HF_ASSISTED,
     HF_ASSISTED_HEURISTIC,
@@ -47,7 +54,9 @@ from specdec.eval.records import (
     check_prompts,
     clear,
     end_partial_line,
+    error_message,
     load_records,
+    make_error_record,
     make_record,
     shard_path,
 )
@@ -73,6 +82,7 @@ def run_eval(model: Any, tokenizer: Any, prompts: Any, config: EvalConfig) -> Ev
     Raises:
         OutputDirError: ``out_dir`` is a file or cannot be written (before any work).
         ResumeError: ``out_dir`` holds results of other settings or other prompt text (before generating).
+        SchemaError: ``config.json_schema`` and a prompt without a valid JSON schema (before any work).
     """
     if not isinstance(config, EvalConfig):
         raise TypeError(f"run_eval takes its settings as an EvalConfig, got {type(config).__name__}: "
@@ -80,6 +90,8 @@ def run_eval(model: Any, tokenizer: Any, prompts: Any, config: EvalConfig) -> Ev
     out = check_out_dir(config.out_dir)  # before any work: a file or an unwritable place fails now, in one line
     config.check()
     prompts = as_prompts(prompts)
+    if config.json_schema:
+        require_schemas(prompts)
     methods = config.plan()
     state = _state(model)
     device = torch.device(getattr(model, "device", "cpu"))
@@ -98,7 +110,7 @@ def run_eval(model: Any, tokenizer: Any, prompts: Any, config: EvalConfig) -> Ev
     if state.is_main_process:
         (out / CONFIG_FILE).write_text(json.dumps(write_config, indent=2) + "\n")
 
-    done = {(r["prompt_id"], r["method"]): r for r in recorded}
+    done = {(r["prompt_id"], r["method"]): r for r in recorded if r.get("error") is None}  # errors: tried again
     with state.split_between_processes(list(enumerate(prompts))) as mine:
         mine = list(mine)
     size = config.batch_size
@@ -108,13 +120,16 @@ def run_eval(model: Any, tokenizer: Any, prompts: Any, config: EvalConfig) -> Ev
                      if any((p.id, m.name) not in done for _, p in batch)]) for batch in batches]
     todo = [t for t in todo if t[1]]
 
+    grammar_seconds = None
     if todo:
         with restore_compile_state(model):  # hf-compiled leaves a compiled call on the model: removed after
-            _evaluate(model, tokenizer, todo, methods, done, config, out, state)
+            grammar_seconds = _evaluate(model, tokenizer, todo, methods, done, config, out, state)
     state.wait_for_everyone()
 
     summary_config = {**run_config, **dict(config.summary_config or {}), "num_processes": state.num_processes,
                       "device": str(device), "dtype": run_config["dtype"]}
+    if config.json_schema:  # untimed: compiled before the first generation (this run's; None when all was resumed)
+        summary_config["grammar_compile_seconds"] = None if grammar_seconds is None else round(grammar_seconds, 4)
     if state.is_main_process:  # gather: every process's shard is complete after the barrier above
         records = load_records(out)
         report = EvalReport(build_summary(records, methods, prompts, summary_config), records, out)
@@ -155,16 +170,18 @@ def _run_config(model: Any, tokenizer: Any, config: EvalConfig, methods: Sequenc
         "batch_size": config.batch_size,
         "compile_drafter": config.compile_drafter,
         "compile_verifier": config.compile_verifier,
+        "json_schema": config.json_schema,
         "warmup": config.warmup,
     }
 
 
 def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSpec], done: Mapping,
-              config: EvalConfig, out: Path, state: Any) -> None:
+              config: EvalConfig, out: Path, state: Any) -> float | None:
     """Run the pending (prompt, method) pairs of this process, writing each batch's records as it finishes.
 
     ``todo`` holds batches: ``(prompts [(index, Prompt)], pending methods)``; a batch of one is the
-    usual per-prompt run. Every method gets the same left-padded batch.
+    usual per-prompt run. Every method gets the same left-padded batch. Returns the seconds spent compiling
+    JSON-schema grammars (``None`` without ``json_schema``).
     """
     needed = [m for m in methods if any(m in t[1] for t in todo)]
     runners = build_runners(needed, model, tokenizer, config.prompt_lookup_num_tokens, config.compile_drafter,
@@ -173,6 +190,7 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     device = getattr(model, "device", torch.device("cpu"))
     encoded = [encode_batch(tokenizer, [p.text for _, p in batch], config.chat, device) for batch, _ in todo]
     warm_seed = config.seed if config.do_sample else None
+    constrain, grammar_seconds = _constraints(model, tokenizer, todo, config)
     measure_tree_costs(runners)  # tree=auto's cost curve: measured here, warm-up or not, never inside a timed call
     if config.compile_verifier:  # every verify-pass graph compiled now, warm-up or not, never inside a timed call
         prime_verifiers(runners, [(e, pending) for e, (_, pending) in zip(encoded, todo)], config.max_new_tokens,
@@ -192,8 +210,14 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
             prime_drafters(runners, config.progress)
         for m in needed:
             if m.kind != HF_COMPILED:  # warmed up by its compile above
-                runners[m.name](ids, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, config.max_new_tokens)},
-                                warm_seed, mask)
+                warm = _call_kwargs(m, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, config.max_new_tokens)},
+                                    constrain(todo[0][0]))
+                try:
+                    runners[m.name](ids, warm, warm_seed, mask)
+                except _user_errors():
+                    raise
+                except Exception as err:  # a method that cannot run gets error records below, prompt by prompt
+                    warnings.warn(f"{m.name} failed its warm-up: {error_message(err)}", stacklevel=2)
 
     pairs = sum(1 for batch, pending in todo for _, p in batch for m in pending if (p.id, m.name) not in done)
     bar = _Progress(pairs, methods, config.progress, state.process_index, state.num_processes)
@@ -204,22 +228,67 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
         with path.open("a") as sink:
             for number, (batch, pending) in enumerate(todo):
                 records = _measure_batch(runners, batch, pending, encoded[number], gen_kwargs, done, config,
-                                         tokenizer, state.process_index)
+                                         tokenizer, state.process_index, constrain)
                 # one write per batch: a run cut short loses at most the batch in flight
                 sink.write("".join(json.dumps(r) + "\n" for r in records))
                 sink.flush()
                 bar.add(records, len(records))
     finally:
         bar.close()
+    return grammar_seconds
+
+
+def _constraints(model: Any, tokenizer: Any, todo: list,
+                 config: EvalConfig) -> tuple[Callable[[Sequence], dict[str, Any]], float | None]:
+    """``(constrain, seconds)``: ``constrain(batch)`` gives a batch's extra ``generate`` arguments (with
+    ``json_schema`` a fresh logits processor per call, none without); ``seconds`` is the grammars' compile time,
+    spent here, before anything is timed (``None`` without ``json_schema``)."""
+    if not config.json_schema:
+        return (lambda batch: {}), None
+    constraints = SchemaConstraints.for_model(model, tokenizer)
+    seconds = constraints.compile_all(p.schema for batch, _ in todo for _, p in batch)
+    return (lambda batch: constraints.generate_kwargs([p.schema for _, p in batch])), seconds
+
+
+def _call_kwargs(m: MethodSpec, gen_kwargs: Mapping[str, Any], constrained: Mapping[str, Any]) -> dict[str, Any]:
+    """One call's ``generate`` arguments: the run's, then the batch's constraint (a fresh logits processor per call:
+    xgrammar's keeps one generation's state). transformers' assisted generation scores its candidates through the
+    processor out of order, as speculation does: its baselines get it wrapped in :class:`AnyOrder`."""
+    kwargs = {**gen_kwargs, **constrained}
+    if "logits_processor" in constrained and m.kind in (*ASSISTED_KINDS, HF_PROMPT_LOOKUP):
+        kwargs["logits_processor"] = LogitsProcessorList([AnyOrder(constrained["logits_processor"])])
+    return kwargs
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Errors that say a drafter or tree cannot be used with this model at all (the user's choice, not one prompt's
+    failure): they stop the run, and ``specdec eval`` prints them in one line, as when a drafter is built."""
+    from specdec.draft_spec import DraftSpecError
+    from specdec.drafters import VocabularyMismatchError
+    from specdec.heads.checkpoint import HeadLoadError
+    from specdec.verifiers import UnsupportedModelError
+
+    return DraftSpecError, HeadLoadError, VocabularyMismatchError, UnsupportedModelError
 
 
 def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt]], pending: Sequence[MethodSpec],
                    encoded: tuple[torch.Tensor, torch.Tensor], gen_kwargs: Mapping[str, Any], done: Mapping,
-                   config: EvalConfig, tokenizer: Any, rank: int) -> list[dict[str, Any]]:
-    """Run each pending method on one batch (in rotation order); the records of its unrecorded pairs."""
+                   config: EvalConfig, tokenizer: Any, rank: int,
+                   constrain: Callable[[Sequence], dict[str, Any]] = lambda batch: {}) -> list[dict[str, Any]]:
+    """Run each pending method on one batch (in rotation order); the records of its unrecorded pairs (an error
+    record for each pair of a method that raised: the run goes on)."""
     ids, mask = encoded
     seed = config.seed + batch[0][0] if config.do_sample else None
-    measured = {m.name: (slot, runners[m.name](ids, gen_kwargs, seed, mask)) for slot, m in enumerate(pending)}
+    measured, failed = {}, {}
+    for slot, m in enumerate(pending):
+        try:
+            measured[m.name] = (slot, runners[m.name](ids, _call_kwargs(m, gen_kwargs, constrain(batch)), seed, mask))
+        except _user_errors():
+            raise
+        except Exception as err:
+            failed[m.name] = (slot, error_message(err))
+            # the same message is shown once: every failed pair is in the records and the report
+            warnings.warn(f"{m.name} failed: {failed[m.name][1]}; recorded as an error", stacklevel=2)
     graphs = measured[HF_COMPILED][1][0].compiled_graphs if HF_COMPILED in measured else None
     if graphs:  # recorded too (compiled_graphs); should not happen with one static cache length
         warnings.warn(f"hf-compiled compiled {graphs} graph(s) inside a timed call (batch of prompt "
@@ -230,10 +299,16 @@ def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt
         for m in pending:
             if (prompt.id, m.name) in done:
                 continue
+            if m.name in failed:
+                slot, error = failed[m.name]
+                records.append(make_error_record(prompt, index, m, slot, int(mask[b].sum()), error, rank))
+                continue
             slot, results = measured[m.name]
             result = results[b]
             text = tokenizer.decode(result.output_ids, skip_special_tokens=True)
             rec = make_record(prompt, index, m, slot, result, int(mask[b].sum()), ref, not config.do_sample, text, rank)
+            if prompt.schema is not None:  # constrained or not: does the answer follow the prompt's schema?
+                rec.update(validity(text, prompt.schema))
             if len(batch) > 1:
                 rec.update(batch_size=len(batch), batch_index=batch[0][0],
                            batch_seconds=sum(r.seconds for r in results),
@@ -271,7 +346,7 @@ class _Progress:
 
     def add(self, records: Iterable[Mapping[str, Any]], measured: int) -> None:
         for r in records:
-            if r["method"] in self.tokens:
+            if r["method"] in self.tokens and r.get("error") is None:
                 self.tokens[r["method"]] += r["new_tokens"]
                 self.seconds[r["method"]] += r["seconds"]
         base = self.tokens[HF] / self.seconds[HF] if self.seconds[HF] else 0.0

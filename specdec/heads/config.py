@@ -39,11 +39,13 @@ def _is_index(value: Any) -> bool:
 
 def aux_layer_ids(data: dict[str, Any]) -> tuple[Any, ...] | None:
     """The verifier layers a config.json names for an EAGLE-3 head (``eagle_config.eagle_aux_hidden_state_layer_ids``
-    or the same key at the top level), or ``None``; a ``ValueError`` when the entry is not a list."""
+    or the same key at the top level), or ``None`` when it names none; a ``ValueError`` when the entry is not a
+    list. An empty list is returned as ``()`` (not taken for a missing entry), so :class:`HeadConfig` refuses it."""
     eagle = data.get("eagle_config") or {}
     if not isinstance(eagle, dict):
         raise ValueError(f"eagle_config must be an object, got {eagle!r}")
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids") or data.get("eagle_aux_hidden_state_layer_ids")
+    key = "eagle_aux_hidden_state_layer_ids"
+    ids = eagle[key] if eagle.get(key) is not None else data.get(key)
     if ids is None:
         return None
     if not isinstance(ids, list):
@@ -196,6 +198,6 @@ class HeadConfig:
             kwargs["rope_theta"] = rope["rope_theta"]
         aux = aux_layer_ids(data)
         if kind == "eagle3":
-            kwargs["aux_layers"] = aux if aux else default_aux_layers(num_verifier_layers)
+            kwargs["aux_layers"] = aux if aux is not None else default_aux_layers(num_verifier_layers)
         extra = {k: v for k, v in data.items() if k not in known and k not in ("architectures", "model_type")}
         return cls(kind=kind, extra=extra, **kwargs)

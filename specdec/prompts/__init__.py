@@ -15,10 +15,12 @@ JSONL files with :func:`read_prompt_file` (strict, one-line errors naming the fi
 
 Modules: :mod:`~specdec.prompts.schema` (fields, :class:`Prompt`, :class:`PromptRecord`),
 :mod:`~specdec.prompts.files` (JSONL reader), :mod:`~specdec.prompts.sets` (``datasets`` loader),
-:mod:`~specdec.prompts.groups` (per-group selection, group order), :mod:`~specdec.prompts.encode`.
+:mod:`~specdec.prompts.groups` (per-group selection, group order), :mod:`~specdec.prompts.encode`,
+:mod:`~specdec.prompts.builtin` (the sets shipped with specdec, such as ``json-schema``).
 Nothing here imports torch or ``datasets`` until it is used.
 """
 
+from specdec.prompts.builtin import BUILTIN_SETS, builtin_set
 from specdec.prompts.encode import encode_batch, encode_prompt
 from specdec.prompts.files import PromptFileError, json_rows, read_prompt_file, read_prompt_text
 from specdec.prompts.groups import group_order, round_robin, select_per_group
@@ -28,6 +30,7 @@ from specdec.prompts.schema import (
     ID_FIELDS,
     MT_BENCH_GROUP,
     MT_BENCH_IDS,
+    SCHEMA_FIELD,
     TEXT_FIELDS,
     Prompt,
     PromptRecord,
@@ -45,11 +48,13 @@ from specdec.prompts.sets import (
 )
 
 __all__ = [
+    "BUILTIN_SETS",
     "DEFAULT_GROUP",
     "GROUP_FIELDS",
     "ID_FIELDS",
     "MT_BENCH_GROUP",
     "MT_BENCH_IDS",
+    "SCHEMA_FIELD",
     "SPEC_BENCH_ENV",
     "TEXT_FIELDS",
     "DatasetError",
@@ -58,6 +63,7 @@ __all__ = [
     "json_rows",
     "PromptRecord",
     "as_prompts",
+    "builtin_set",
     "default_dataset",
     "encode_batch",
     "encode_prompt",

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 #: fields that may hold the text, in order of preference
@@ -15,6 +15,8 @@ TEXT_FIELDS = ("prompt", "turns")
 GROUP_FIELDS = ("category", "task", "group")
 #: fields that may hold the prompt's id, in order of preference
 ID_FIELDS = ("question_id", "id", "prompt_id")
+#: field of a JSON schema the prompt's answer must follow (``specdec eval --json-schema``): an object, or its JSON text
+SCHEMA_FIELD = "schema"
 #: group of prompts from a set with no group column
 DEFAULT_GROUP = "prompts"
 #: Spec-Bench question ids 81-160 are the 80 MT-Bench questions; Spec-Bench reports them as one group.
@@ -49,12 +51,16 @@ class Prompt:
         group: task group the prompt is reported under.
         text: the user turn fed through the chat template.
         reference: a reference answer when the set has one (Spec-Bench ``reference``), else ``None``.
+        schema: the JSON schema the answer must follow when the set has one (its ``schema`` field), else ``None``;
+            ``specdec eval --json-schema`` generates under it, and every eval records whether the answer follows it.
     """
 
     id: str
     group: str
     text: str
     reference: str | None = None
+    # a dict: left out of equality and hashing, so that a Prompt stays hashable
+    schema: dict[str, Any] | None = field(default=None, compare=False)
 
 
 def first_text(value: Any) -> str | None:

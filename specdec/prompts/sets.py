@@ -7,16 +7,22 @@ Two schemas are understood:
   ``mt_bench`` group, as in the Spec-Bench paper; the other rows are grouped by ``category``.
 - A plain ``prompt`` column, optionally with a ``category`` / ``task`` / ``group`` column.
 
+Either may have a ``schema`` column: the JSON schema each answer must follow (an object, or its JSON text).
+A set shipped with specdec is named instead of a file (:data:`~specdec.prompts.builtin.BUILTIN_SETS`:
+``json-schema``).
+
 Any other text column can be named with ``prompt_column``. Every problem is a :class:`DatasetError`
 whose message is one line naming the source (and the row where one applies).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from specdec.prompts.builtin import builtin_set
 from specdec.prompts.groups import select_per_group
 from specdec.prompts.schema import (
     DEFAULT_GROUP,
@@ -24,6 +30,7 @@ from specdec.prompts.schema import (
     ID_FIELDS,
     MT_BENCH_GROUP,
     MT_BENCH_IDS,
+    SCHEMA_FIELD,
     TEXT_FIELDS,
     Prompt,
     first_text,
@@ -57,11 +64,14 @@ def _looks_like_path(source: str) -> bool:
 
 
 def load_rows(source: str | os.PathLike, *, split: str = "train", config: str | None = None) -> Any:
-    """Load a ``datasets.Dataset`` from a local file / directory or a hub name (never silently empty)."""
+    """Load a ``datasets.Dataset`` from a local file / directory, a set shipped with specdec (by name) or a
+    hub name (never silently empty)."""
     import datasets
 
     source = os.path.expanduser(str(source))
     path = Path(source)
+    if not path.exists() and (shipped := builtin_set(source)) is not None:  # a local file of that name wins
+        path = shipped
     try:
         if path.is_file():
             if not path.read_bytes().strip():
@@ -72,6 +82,7 @@ def load_rows(source: str | os.PathLike, *, split: str = "train", config: str | 
                     f"{source}: unknown file type {path.suffix!r}; use .json/.jsonl, .csv/.tsv or .parquet"
                 )
             kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+            # (datasets >= 5 keeps a column of differently shaped JSON objects, such as schemas, as they are)
             data = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
         elif path.is_dir():
             data = datasets.load_dataset(str(path), config, split=split)
@@ -130,10 +141,27 @@ def rows_to_prompts(
             group = str(row[group_col])
         else:
             group = DEFAULT_GROUP
-        prompts.append(Prompt(id=pid, group=group, text=text, reference=first_text(row.get("reference"))))
+        prompts.append(Prompt(id=pid, group=group, text=text, reference=first_text(row.get("reference")),
+                              schema=_row_schema(row, source, pid)))
     if not prompts:
         raise DatasetError(f"{source} holds no prompts")
     return prompts
+
+
+def _row_schema(row: Mapping[str, Any], source: str, pid: str) -> dict[str, Any] | None:
+    """The row's JSON schema (:data:`SCHEMA_FIELD`): an object, or JSON text of one; ``None`` when it has none."""
+    value = row.get(SCHEMA_FIELD)
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{source}: prompt {pid!r} has a {SCHEMA_FIELD!r} that is not JSON "
+                               f"({err.msg})") from None
+    if not isinstance(value, Mapping):
+        raise DatasetError(f"{source}: prompt {pid!r} has a {SCHEMA_FIELD!r} that is not a JSON object")
+    return dict(value)
 
 
 def load_prompts(
@@ -149,8 +177,8 @@ def load_prompts(
 
     Args:
         source: a local ``.json``/``.jsonl``/``.csv``/``.tsv``/``.parquet`` file, a local dataset
-            directory, or a hub dataset name (needs the hub to be reachable). ``None``: the Spec-Bench
-            questions (:func:`default_dataset`).
+            directory, the name of a set shipped with specdec (``"json-schema"``), or a hub dataset name
+            (needs the hub to be reachable). ``None``: the Spec-Bench questions (:func:`default_dataset`).
         split / config: for directories and hub datasets.
         prompt_column / group_column: override the detected columns.
         per_group: keep the first N prompts of each group (``None``: all).

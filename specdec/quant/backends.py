@@ -146,7 +146,9 @@ class Int8WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(self.compute_dtype)
+        # contiguous: the kernels refuse a strided view (a ragged batch's rows; every input on torch < 2.7); a no-op
+        # for the contiguous inputs of a plain pass
+        x2 = x.reshape(-1, shape[-1]).to(self.compute_dtype).contiguous()
         y = torch.ops.aten._weight_int8pack_mm(x2, self.weight_int8, self.scales)
         if self.bias is not None:
             y = y + self.bias
@@ -211,7 +213,7 @@ class Int4WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous()  # as in the int8 forward
         if self.on_cpu:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2, self.weight_int4, self.group_size, self.scales_and_zeros

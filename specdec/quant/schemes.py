@@ -155,7 +155,7 @@ SCHEMES: dict[str, SchemeInfo] = {
 
 _ALIASES: dict[str, str] = {a: s.name for s in SCHEMES.values() for a in s.aliases}
 
-_SCHEME_RE = re.compile(r"^(?P<base>[a-z0-9\-]+)(?::g(?P<group>\d+))?(?P<head>\+head(?:8|16)?)?$")
+_SCHEME_RE = re.compile(r"^(?P<base>[a-z0-9\-]+)(?::g(?P<group>\d+))?(?P<head>\+head(?:8|16)?)?$", re.ASCII)  # ASCII digits only
 #: ``+head`` suffix -> how the LM head is treated (None: like the body)
 HEAD_MODES = {"+head": "keep", "+head8": "int8", "+head16": "bf16"}
 
@@ -187,7 +187,7 @@ class ParsedScheme:
         return s
 
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda|mps|xpu|meta)(?::\d+)?$")
+_DEVICE_RE = re.compile(r"^(cpu|cuda|mps|xpu|meta)(?::\d+)?$", re.ASCII)
 
 
 def device_type(device: str | torch.device | None) -> str:

@@ -113,6 +113,7 @@ def run_train_head(args: argparse.Namespace) -> int:
     from specdec.training.pipeline import PipelineConfig, check_settings, lock_out, run_pipeline, stage_settings
     from specdec.training.prompts import TrainHeadError, balance, read_train_prompts
     from specdec.training.train import TrainConfig
+    from specdec.user_input import DeviceError, check_device
 
     out = Path(args.out).expanduser()
     problem = _check_numbers(args) or _check_out(out)
@@ -121,8 +122,12 @@ def run_train_head(args: argparse.Namespace) -> int:
     try:
         prompts = read_train_prompts(args.data)  # a bad data path fails before the model loads
         resolve_model_source(args.model)
+        if args.device is not None:
+            check_device(args.device)
     except (TrainHeadError, ModelNotFoundError) as e:
         return _error(str(e))
+    except DeviceError as e:
+        return _error(f"--device {e}")
     usable = len(balance(prompts, args.per_group or None, seed=args.seed)) + args.self_prompts
     if usable < 2:
         return _error(f"{args.data} gives {usable} prompt(s) (with --self-prompts {args.self_prompts}): training needs "

@@ -2,14 +2,17 @@
 
 Everything is appended to JSON Lines files one batch at a time, so an interrupted run resumes where it
 stopped (rows already on disk are skipped; a torn or broken line is dropped and its row made again, and a
-row written twice is kept once). A row whose prompt encodes differently now (edited data, another
-tokenizer) is refused rather than trusted.
+row written twice is kept once). A line that parses but holds what this module never writes (a token id
+outside the verifier's vocabulary, a missing or non-integer id list, a field of the wrong type) is broken
+too: kept, it would crash a later stage on every rerun. A row whose prompt encodes differently now (edited
+data, another tokenizer) is refused rather than trusted.
 """
 
 from __future__ import annotations
 
 import json
 import zlib
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -21,17 +24,20 @@ from specdec.training.prompts import TrainHeadError, TrainPrompt, write_atomic
 from specdec.training.self_instruct import LICENSE, SOURCE, build_prompt, normalise, self_instruct_requests
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSON Lines file written by this module, the first of each id.
+Row = dict[str, Any]
 
-    Lines that are not a JSON object with an id (a torn write, interleaved writes of an older unlocked
-    run) are dropped: their rows are simply made again.
+
+def read_jsonl(path: Path, usable: Callable[[Row], bool] = lambda row: True) -> list[Row]:
+    """Rows of a JSON Lines file written by this module, the first usable one of each id.
+
+    Lines that are not a JSON object with a string id (a torn write, interleaved writes of an older unlocked
+    run), or that ``usable`` refuses, are dropped: their rows are simply made again.
     """
-    return _read_rows(path)[0]
+    return _read_rows(path, usable)[0]
 
 
-def _read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """``(rows, clean)``: the first row of each id, and whether the file held nothing else."""
+def _read_rows(path: Path, usable: Callable[[Row], bool] = lambda row: True) -> tuple[list[Row], bool]:
+    """``(rows, clean)``: the first usable row of each id, and whether the file held nothing else."""
     if not path.is_file():
         return [], True
     rows: list[dict[str, Any]] = []
@@ -45,12 +51,40 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], bool]:
         except json.JSONDecodeError:
             clean = False
             continue
-        if not isinstance(row, dict) or "id" not in row or row["id"] in seen:
+        if not isinstance(row, dict) or not isinstance(row.get("id"), str) or not usable(row) or row["id"] in seen:
             clean = False
             continue
         seen.add(row["id"])
         rows.append(row)
     return rows, clean
+
+
+def _token_ids(value: Any, vocab_size: int) -> bool:
+    """Whether ``value`` is a list of token ids of a vocabulary of ``vocab_size`` (ints; JSON's true is no id)."""
+    return isinstance(value, list) and all(type(t) is int and 0 <= t < vocab_size for t in value)
+
+
+def sample_row(vocab_size: int) -> Callable[[Row], bool]:
+    """Whether a ``samples.jsonl`` row is one :func:`distill` writes for a verifier of ``vocab_size`` token ids: the
+    later stages index the verifier's embedding with its ids and read its other fields."""
+    def usable(row: Row) -> bool:
+        return all(isinstance(row.get(k), str) for k in ("group", "source", "license")) \
+            and _token_ids(row.get("prompt_ids"), vocab_size) and _token_ids(row.get("response_ids"), vocab_size)
+    return usable
+
+
+def _prompt_row(row: Row) -> bool:
+    """Whether a ``self_prompts.jsonl`` row is one :func:`write_self_prompts` writes: a prompt, or a skipped request."""
+    if row.get("skipped") is True:
+        return True
+    names = {f.name for f in fields(TrainPrompt)}
+    return set(row) == names and all(isinstance(row[n], str) or (n == "response" and row[n] is None) for n in names)
+
+
+def _vocab_size(model: Any) -> int:
+    """The token ids ``model`` embeds: what a sample's ids must stay below."""
+    embeddings = model.get_input_embeddings()
+    return int(getattr(embeddings, "num_embeddings", None) or model.config.get_text_config().vocab_size)
 
 
 def _rewrite_clean(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -65,6 +99,13 @@ def _end_line(path: Path) -> None:
             f.seek(-1, 2)
             if f.read(1) != b"\n":
                 f.write(b"\n")
+
+
+def _check_made(out: Path, row: Row, usable: Callable[[Row], bool]) -> None:
+    """Refuse to write a row that reading ``out`` would drop: it would be made again, and dropped, on every run."""
+    if not usable(row):
+        raise TrainHeadError(f"the row made for id {row['id']!r} cannot go in {out}: its token ids lie outside the "
+                             "verifier's vocabulary (does the tokenizer belong to the model?)")
 
 
 def _check_prompt(out: Path, row: dict[str, Any], ids: list[int]) -> None:
@@ -103,11 +144,13 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
 
 
 def _batched(model: Any, tokenizer: Any, items: list[dict[str, Any]], out: Path, encode: Callable[[dict], torch.Tensor],
-             finish: Callable[[dict, list[int], torch.Tensor], dict | None], *, batch_size: int, max_new_tokens: int,
-             do_sample: bool, temperature: float, desc: str, progress: bool) -> list[dict[str, Any]]:
-    """Generate for every item whose id is not in ``out`` yet, in batches of similar prompt length, appending
-    ``finish(item, response_ids, prompt_ids)`` rows (``None``: skip the item, but remember it was done)."""
-    done, clean = _read_rows(out)
+             finish: Callable[[dict, list[int], torch.Tensor], dict | None], *, usable: Callable[[Row], bool],
+             batch_size: int, max_new_tokens: int, do_sample: bool, temperature: float, desc: str,
+             progress: bool) -> list[dict[str, Any]]:
+    """Generate for every item whose usable row (``usable``: see :func:`read_jsonl`) is not in ``out`` yet, in
+    batches of similar prompt length, appending ``finish(item, response_ids, prompt_ids)`` rows (``None``: skip the
+    item, but remember it was done)."""
+    done, clean = _read_rows(out, usable)
     if not clean:
         _rewrite_clean(out, done)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +170,7 @@ def _batched(model: Any, tokenizer: Any, items: list[dict[str, Any]], out: Path,
             responses = _generate(model, tokenizer, [ids for _, ids in chunk], max_new_tokens, do_sample, temperature)
             for (item, ids), response in zip(chunk, responses):
                 row = finish(item, response, ids) or {"id": item["id"], "skipped": True}
+                _check_made(out, row, usable)
                 f.write(json.dumps(row) + "\n")
                 done.append(row)
             f.flush()
@@ -142,7 +186,8 @@ def write_self_prompts(model: Any, tokenizer: Any, count: int, out: Path, *, see
     resumable. A prompt that comes out like an earlier one, or like one in ``avoid``, is dropped."""
     requests = self_instruct_requests(count, seed)
     by_id = {r["id"]: r for r in requests}
-    seen = {normalise(p) for p in avoid} | {normalise(r["prompt"]) for r in read_jsonl(out) if r.get("prompt")}
+    made = read_jsonl(out, _prompt_row)
+    seen = {normalise(p) for p in avoid} | {normalise(r["prompt"]) for r in made if r.get("prompt")}
 
     def finish(request: dict, response: list[int], _: torch.Tensor) -> dict | None:
         prompt = build_prompt(request, tokenizer.decode(response, skip_special_tokens=True))
@@ -153,8 +198,8 @@ def write_self_prompts(model: Any, tokenizer: Any, count: int, out: Path, *, see
 
     torch.manual_seed(seed)
     rows = _batched(model, tokenizer, requests, out, lambda r: encode_prompt(tokenizer, r["ask"])[0], finish,
-                    batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8,
-                    desc="verifier writes prompts", progress=progress)
+                    usable=_prompt_row, batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=True,
+                    temperature=0.8, desc="verifier writes prompts", progress=progress)
     return [TrainPrompt(**r) for r in rows if r["id"] in by_id]
 
 
@@ -177,9 +222,10 @@ def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Pat
     ``ID@tT``, temperatures :data:`SAMPLE_TEMPERATURES` in turn, ``temperature`` recorded). Returns every
     sample in ``out``."""
     items = [p.to_json() for p in prompts]
+    usable = sample_row(_vocab_size(model))
     given = [p for p in items if p.get("response")]
     if given:
-        done, clean = _read_rows(out)
+        done, clean = _read_rows(out, usable)
         if not clean:
             _rewrite_clean(out, done)
         recorded = {r["id"]: r for r in done}
@@ -196,8 +242,10 @@ def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Pat
                         raise TrainHeadError(f"{out} holds another response under id {p['id']!r} (edited --data); "
                                              "use --overwrite to start afresh")
                     continue
-                f.write(json.dumps({**{k: p[k] for k in ("id", "group", "source", "license")},
-                                    "prompt_ids": prompt_ids, "response_ids": response}) + "\n")
+                row = {**{k: p[k] for k in ("id", "group", "source", "license")}, "prompt_ids": prompt_ids,
+                       "response_ids": response}
+                _check_made(out, row, usable)
+                f.write(json.dumps(row) + "\n")
         items = [p for p in items if not p.get("response")]
 
     def finish(item: dict, response: list[int], ids: torch.Tensor) -> dict:
@@ -207,7 +255,7 @@ def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Pat
     def encode(p: dict) -> torch.Tensor:
         return encode_prompt(tokenizer, p["prompt"])[0]
 
-    samples = _batched(model, tokenizer, items, out, encode, finish, batch_size=batch_size,
+    samples = _batched(model, tokenizer, items, out, encode, finish, usable=usable, batch_size=batch_size,
                        max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
                        desc="verifier writes responses", progress=progress)
     extra = [p for p in items if sampled_share(p["id"], sampled)]
@@ -219,6 +267,6 @@ def distill(model: Any, tokenizer: Any, prompts: Iterable[TrainPrompt], out: Pat
         torch.manual_seed(seed + i)
         samples = _batched(model, tokenizer, chosen, out, encode,
                            lambda item, response, ids: {**finish(item, response, ids), "temperature": item["temperature"]},
-                           batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=True,
+                           usable=usable, batch_size=batch_size, max_new_tokens=max_new_tokens, do_sample=True,
                            temperature=temperature, desc=f"sampled responses (T={temperature})", progress=progress)
     return samples

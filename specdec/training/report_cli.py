@@ -15,18 +15,20 @@ class ReportDataError(ValueError):
     """A ``--data`` file head-report cannot use (missing, not JSON lines, rows without what it needs)."""
 
 
-def read_report_data(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+def read_report_data(path: str | Path, limit: int | None = None, vocab_size: int | None = None) -> list[dict[str, Any]]:
     """Rows of a JSON-lines file, each either a verifier response (``prompt_ids`` and ``response_ids``, as
     ``train-head`` writes them in ``OUT/work/samples.jsonl``) or a prompt (``prompt``: text the verifier answers
-    greedily first). Torch-free, so a bad file fails before any model loads."""
+    greedily first). Torch-free, so a bad file fails before any model loads; with ``vocab_size`` (the verifier's,
+    known once it has loaded) a token id at or past it is refused too."""
     rows = []
     try:
         for number, row in json_rows(path, "(a verifier response or a prompt)"):
-            ids = [row.get("prompt_ids"), row.get("response_ids")]
-            if all(isinstance(v, list) for v in ids):
-                if not ids[0] or not ids[1] or not all(isinstance(t, int) and t >= 0 for v in ids for t in v):
+            ids = {key: row.get(key) for key in ("prompt_ids", "response_ids")}
+            if all(isinstance(v, list) for v in ids.values()):
+                problem = _token_ids_problem(ids, vocab_size)
+                if problem is not None:
                     raise ReportDataError(f"{path}:{number}: prompt_ids and response_ids must be non-empty lists of "
-                                          "token ids")
+                                          f"token ids{problem}")
             elif not (isinstance(row.get("prompt"), str) and row["prompt"].strip()):
                 raise ReportDataError(f"{path}:{number}: a row needs prompt_ids + response_ids (a verifier response) "
                                       "or a non-empty 'prompt' text")
@@ -38,6 +40,20 @@ def read_report_data(path: str | Path, limit: int | None = None) -> list[dict[st
     if not rows:
         raise ReportDataError(f"{path}: no rows")
     return rows
+
+
+def _token_ids_problem(ids: dict[str, list[Any]], vocab_size: int | None) -> str | None:
+    """What is wrong with a row's token id lists, as the end of a sentence (None: nothing)."""
+    for key, values in ids.items():
+        if not values:
+            return f" ({key} is empty)"
+        for t in values:
+            # JSON true is a Python bool, an int subclass: it would be read as token 1
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                return f" (>= 0): {key} holds {json.dumps(t)}"
+            if vocab_size is not None and t >= vocab_size:
+                return f": {key} holds {t}, past the verifier's vocabulary of {vocab_size} ids (0 to {vocab_size - 1})"
+    return None
 
 
 def add_head_report_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,6 +81,14 @@ def run_head_report(args: argparse.Namespace) -> int:
         return fail("--limit must be >= 0")
     if args.head != "eagle" and not Path(args.head).is_dir():
         return fail(f"--head {args.head!r}: no such directory")
+    from specdec.user_input import DeviceError, check_device
+
+    device = None
+    if args.device is not None:
+        try:
+            device = check_device(args.device)
+        except DeviceError as e:
+            return fail(f"--device {e}")
     try:
         rows = read_report_data(args.data, args.limit or None)
     except ReportDataError as e:
@@ -84,11 +108,13 @@ def run_head_report(args: argparse.Namespace) -> int:
     from specdec.models import ModelNotFoundError, load_model
     from specdec.training.report import head_report
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         model, tokenizer = load_model(args.model, device=device)
+        # read again against the verifier's vocabulary, which only now is known: an id past it would be an IndexError
+        rows = read_report_data(args.data, args.limit or None, vocab_size=model.get_input_embeddings().num_embeddings)
         head = load_head(shipped_head(model) if args.head == "eagle" else args.head, model)
-    except (HeadLoadError, ModelNotFoundError) as e:
+    except (HeadLoadError, ModelNotFoundError, ReportDataError) as e:
         return fail(str(e))
     samples = [_as_sample(model, tokenizer, row, args.max_new_tokens) for row in rows]
     report = head_report(model, head, samples, steps=args.steps, k=args.num_draft_tokens, tree=tree)

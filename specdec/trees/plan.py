@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows
+from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows, checked
 from specdec.trees.build import TreeShape
 from specdec.trees.config import TreeConfig
 from specdec.trees.sizing import TreeSizer
@@ -46,14 +46,16 @@ class TreePlan(DraftPlan):
             raise ValueError(f"{type(drafter).__name__} cannot draft trees: use tree=None (chains) with this drafter")
 
     def propose(self, drafter: Proposer, rows: Rows, room: int, ctx: DraftContext) -> Drafts:
-        if room <= 0:
-            self._arm = None
-            return drafter.propose(rows, 0, ctx)  # the last token: no room for drafts
-        self._arm = self.sizer.arms.pick() if self._weighs_arms(ctx) else None
-        if self._arm == "chain":
+        """Ask ``drafter`` for this pass's tree (or chain), checked against what was asked (:func:`checked`)."""
+        self._arm = self.sizer.arms.pick() if room > 0 and self._weighs_arms(ctx) else None
+        if room <= 0 or self._arm == "chain":  # room 0: the last token, no drafts
             limit = min(self.config.max_depth, room)
-            return drafter.propose(rows, self.sizer.arms.chain_length(limit, self.sizer.cost, self.sizer.draft_step), ctx)
-        return drafter.propose_tree(rows, self.shape(room), ctx)
+            k = self.sizer.arms.chain_length(limit, self.sizer.cost, self.sizer.draft_step) if room > 0 else 0
+            return checked(drafter.propose(rows, k, ctx), drafter, rows, ctx, k, k)
+        shape = self.shape(room)
+        # nodes: the slots the caches keep for one tree pass (a composite adds its lookup's branch to a full tree)
+        return checked(drafter.propose_tree(rows, shape, ctx), drafter, rows, ctx, self.extra_slots - 1, shape.depth,
+                       kind=DraftTree)
 
     def _weighs_arms(self, ctx: DraftContext) -> bool:
         """``auto`` weighs a sampled chain against a tree under sampling only: under greedy decoding a tree holds

@@ -1,0 +1,126 @@
+"""Drafting that knows the grammar: text the grammar forces is proposed for free, drafts it forbids are cut.
+
+Much of a schema-following JSON document is forced (keys, quotes, braces, ``": "``). Where the grammar
+forces text from a row's committed point on, that text, tokenized, is the pass's proposal and the inner
+drafter is not asked (it catches up at its next proposal, as inside a composite drafter). Otherwise the
+inner drafter proposes; its chain is cut at the first token the grammar forbids (the verifier would reject
+it, and everything after it, anyway), and with one row the room left is filled with the forced text that
+follows the accepted drafts. Forced text is deterministic (one-hot ``q``): exact under sampling too.
+Trees are drafted by the inner drafter alone.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from specdec.acceptance import one_hot
+from specdec.constraints.base import PrefixConstraint
+from specdec.drafters.base import Drafter
+from specdec.processing import RowProcessors
+from specdec.protocol import Commit, DraftContext, Proposal, Rows, checked
+from specdec.transfer import upload
+
+
+def row_constraint(processors: RowProcessors, owner: int) -> PrefixConstraint | None:
+    """The first grammar constraint among row ``owner``'s processors (``None`` without one)."""
+    if not processors:
+        return None
+    return next((p for p in processors.for_row(owner) if isinstance(p, PrefixConstraint)), None)
+
+
+class GrammarDrafter(Drafter):
+    """``inner`` drafting under a grammar (see the module docstring).
+
+    Args:
+        inner: any drafter.
+        tokenizer: encodes forced text; without one only the cut of forbidden drafts applies.
+        min_forced: the shortest forced run (in tokens) proposed instead of asking ``inner``.
+    """
+
+    def __init__(self, inner: Drafter, tokenizer: Any = None, min_forced: int = 2) -> None:
+        self.inner, self.tokenizer, self.min_forced = inner, tokenizer, min_forced
+        self.hidden_layers = inner.hidden_layers
+        self.supports_tree = inner.supports_tree
+        self.forced_steps = self.forced_tokens = self.cut_tokens = 0
+
+    @property
+    def forwards(self) -> int:
+        return self.inner.forwards
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self.inner.model
+
+    def for_call(self) -> "GrammarDrafter":
+        call = copy.copy(self)
+        call.inner = self.inner.for_call()
+        return call
+
+    def start(self, input_ids, attention_mask, max_len, *, verifier=None, hidden=None) -> None:
+        self.forced_steps = self.forced_tokens = self.cut_tokens = 0
+        self.inner.start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
+
+    def _forced(self, constraint: PrefixConstraint | None, tokens: list[int]) -> list[int]:
+        if constraint is None or self.tokenizer is None:
+            return []
+        text = constraint.forced_text(tokens[constraint.prompt_length:])
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+        constraints = [row_constraint(ctx.processors, owner) for owner in rows.owners]
+        forced = [self._forced(c, rows.host(b)) for b, c in enumerate(constraints)]
+        n = min(map(len, forced))
+        if n >= min(self.min_forced, k) > 0:
+            self.forced_steps += 1
+            self.forced_tokens += min(n, k) * len(rows)
+            return Proposal(upload([f[: min(n, k)] for f in forced], torch.long, rows.device))
+        # checked here, not only by the plan: the inner drafter's ids are read below, and it is the one to name
+        proposal = checked(self.inner.propose(rows, k, ctx), self.inner, rows, ctx, k, k)
+        if proposal.num_tokens == 0:
+            return proposal
+        if proposal.drafted is None:  # no vocabulary size known: nothing was clamped
+            drafts = proposal.tokens.tolist()  # grammars are matched on the host
+        else:
+            drafts = proposal.drafted.ids.tolist()
+            proposal.drafted.check(drafts)
+        valid = [c.valid_prefix(rows.host(b)[c.prompt_length:] + d) - (rows.length(b) - c.prompt_length)
+                 if c is not None else len(d) for b, (c, d) in enumerate(zip(constraints, drafts))]
+        keep = max(valid)
+        self.cut_tokens += (proposal.num_tokens - keep) * len(rows)
+        if len(rows) == 1 and keep < k:  # one row: the room left goes to the text forced after its valid drafts
+            tail = self._forced(constraints[0], rows.host(0) + drafts[0][:keep])[: k - keep]
+            if tail:
+                self.forced_tokens += len(tail)
+                tokens = upload([drafts[0][:keep] + tail], torch.long, rows.device)
+                probs = None if proposal.probs is None else torch.cat(
+                    [proposal.probs[:, :keep], one_hot(tokens[:, keep:], proposal.probs.shape[-1], proposal.probs.dtype)], 1)
+                return Proposal(tokens, probs)
+        if keep == proposal.num_tokens:
+            return proposal
+        return Proposal(proposal.tokens[:, :keep], None if proposal.probs is None else proposal.probs[:, :keep])
+
+    def propose_tree(self, rows, shape, ctx):
+        return self.inner.propose_tree(rows, shape, ctx)
+
+    def commit(self, update: Commit) -> None:
+        self.inner.commit(update)
+
+    def keep_rows(self, indices: torch.Tensor) -> None:
+        self.inner.keep_rows(indices)
+
+    def stats(self) -> dict[str, float]:
+        return {"grammar_forced_steps": self.forced_steps, "grammar_forced_tokens": self.forced_tokens,
+                "grammar_cut_tokens": self.cut_tokens, **self.inner.stats()}
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+
+def constrained_drafter(drafter: Drafter, processors: RowProcessors, tokenizer: Any = None) -> Drafter:
+    """``drafter`` wrapped in a :class:`GrammarDrafter` when the call's processors hold a grammar constraint."""
+    if processors and any(isinstance(p, PrefixConstraint) for p in processors.for_row(0)):
+        return GrammarDrafter(drafter, tokenizer)
+    return drafter

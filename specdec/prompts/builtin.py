@@ -1,0 +1,22 @@
+"""Prompt sets shipped with specdec, selected by name where a data file is expected (``specdec eval --dataset NAME``).
+
+- ``json-schema``: 37 requests for JSON answers over 14 schemas (records such as a person, an event, an invoice,
+  a recipe, a flight booking; function calls), in three groups: ``extraction`` (from a short passage),
+  ``tool_call`` and ``generation``. Each row has the schema in its prompt text and in its ``schema`` field
+  (``specdec eval --json-schema`` generates under it). Built by ``benchmarks/json_schema_prompts.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_DATA = Path(__file__).resolve().parent / "data"
+
+#: name -> file under specdec/prompts/data
+BUILTIN_SETS = {"json-schema": "json_schema.jsonl"}
+
+
+def builtin_set(name: str) -> Path | None:
+    """The file of the shipped prompt set ``name``, or ``None`` when no set has that name."""
+    file = BUILTIN_SETS.get(str(name))
+    return None if file is None else _DATA / file
