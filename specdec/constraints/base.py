@@ -37,11 +37,6 @@ class PrefixConstraint(LogitsProcessor, ABC):
         """``scores [1, V]`` masked for a context whose generated tokens are ``tokens``."""
 
     @abstractmethod
-    def allowed(self, tokens: list[int]) -> torch.BoolTensor | None:
-        """Which tokens may follow ``tokens`` (a CPU bool vector over the vocabulary); ``None`` when ``tokens``
-        itself breaks the grammar or the grammar has ended."""
-
-    @abstractmethod
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many leading tokens of ``tokens`` the grammar accepts."""
 

@@ -62,15 +62,6 @@ class OutlinesCoreRow(PrefixConstraint):
         self.kernels.apply_token_bitmask_inplace(out, self.bitmask.to(out.device, non_blocking=True))
         return out
 
-    def allowed(self, tokens: list[int]) -> torch.BoolTensor | None:
-        if not self._sync(tokens):
-            return None
-        if self.bitmask is None:
-            return None  # never masked yet: the vocabulary size is not known
-        bits = self._fill(0).flatten()
-        shifts = torch.arange(32, dtype=torch.int32)
-        return ((bits[:, None] >> shifts) & 1).flatten().bool()
-
 
 def outlines_core_rows(processor, prompt_length: int, batch_size: int) -> list[OutlinesCoreRow]:
     """A row constraint per row for ``processor`` (one grammar for the whole batch, as the library has)."""

@@ -64,15 +64,6 @@ class XGrammarRow(PrefixConstraint):
         self._xgr.apply_token_bitmask_inplace(out, self.bitmask.to(out.device, non_blocking=True))
         return out.to(scores.device)
 
-    def allowed(self, tokens: list[int]) -> torch.BoolTensor | None:
-        if not self._sync(tokens) or self.ended:
-            return None
-        self._fill()
-        bits = self.bitmask[0]
-        shifts = torch.arange(32, dtype=torch.int32)
-        return ((bits[:, None] >> shifts) & 1).flatten()[: self.vocab_size].bool()
-
-
     def valid_prefix(self, tokens: list[int]) -> int:
         return len(tokens) if self._sync(tokens) else len(self.fed)  # on a refusal, fed is the accepted prefix
 
