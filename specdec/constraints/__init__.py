@@ -1,6 +1,6 @@
 """Grammar-constrained generation kept exact under speculation (docs/structured.md).
 
-Grammar libraries' logits processors (xgrammar, transformers-cfg, outlines) keep a parser per row and
+Grammar libraries' logits processors (xgrammar, outlines) keep a parser per row and
 advance it one token per call. specdec replaces each by row constraints that answer for any context
 (:mod:`specdec.constraints.base`), chosen in :mod:`specdec.constraints.adapt`.
 """

@@ -4,8 +4,8 @@ Grammar libraries ship stateful logits processors: each call advances a parser b
 ``input_ids`` and assumes one new token per call. specdec calls a row's processors once per verify
 position (and per draft position, and per tree node), in any order, with contexts that may be rejected.
 A :class:`PrefixConstraint` answers for any context: it brings its parser to that context (rolling back
-to the longest prefix it shares with the last one, or looking the state up in a trie of states), then
-masks the scores exactly as the library's processor would have after ``generate`` fed it those tokens.
+to the longest prefix it shares with the last one, :func:`shared_prefix`), then masks the scores exactly
+as the library's processor would have after ``generate`` fed it those tokens.
 """
 
 from __future__ import annotations
@@ -43,6 +43,16 @@ class PrefixConstraint(LogitsProcessor, ABC):
     def forced_text(self, tokens: list[int]) -> str:
         """The text the grammar forces after ``tokens`` whatever comes next ("" if none, or if unknown)."""
         return ""
+
+
+def shared_prefix(fed: list[int], tokens: list[int]) -> int:
+    """How many leading tokens ``fed`` (what a parser has accepted) and ``tokens`` (the asked context) share."""
+    common = 0
+    for a, b in zip(fed, tokens):
+        if a != b:
+            break
+        common += 1
+    return common
 
 
 class BatchConstraint(LogitsProcessor):

@@ -11,16 +11,16 @@ Trees are drafted by the inner drafter alone.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
 
 from specdec.acceptance import one_hot
+from specdec.constraints.adapt import has_constraint
 from specdec.constraints.base import PrefixConstraint
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Drafter, WrappingDrafter
 from specdec.processing import RowProcessors
-from specdec.protocol import Commit, DraftContext, Proposal, Rows, checked
+from specdec.protocol import DraftContext, Proposal, Rows, checked
 from specdec.transfer import upload
 
 
@@ -31,7 +31,7 @@ def row_constraint(processors: RowProcessors, owner: int) -> PrefixConstraint | 
     return next((p for p in processors.for_row(owner) if isinstance(p, PrefixConstraint)), None)
 
 
-class GrammarDrafter(Drafter):
+class GrammarDrafter(WrappingDrafter):
     """``inner`` drafting under a grammar (see the module docstring).
 
     Args:
@@ -42,26 +42,11 @@ class GrammarDrafter(Drafter):
 
     def __init__(self, inner: Drafter, tokenizer: Any = None, min_forced: int = 2) -> None:
         self.inner, self.tokenizer, self.min_forced = inner, tokenizer, min_forced
-        self.hidden_layers = inner.hidden_layers
-        self.supports_tree = inner.supports_tree
         self.forced_steps = self.forced_tokens = self.cut_tokens = 0
-
-    @property
-    def forwards(self) -> int:
-        return self.inner.forwards
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        return self.inner.model
-
-    def for_call(self) -> "GrammarDrafter":
-        call = copy.copy(self)
-        call.inner = self.inner.for_call()
-        return call
 
     def start(self, input_ids, attention_mask, max_len, *, verifier=None, hidden=None) -> None:
         self.forced_steps = self.forced_tokens = self.cut_tokens = 0
-        self.inner.start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
+        super().start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
 
     def _forced(self, constraint: PrefixConstraint | None, tokens: list[int]) -> list[int]:
         if constraint is None or self.tokenizer is None:
@@ -86,8 +71,8 @@ class GrammarDrafter(Drafter):
         else:
             drafts = proposal.drafted.ids.tolist()
             proposal.drafted.check(drafts)
-        valid = [c.valid_prefix(rows.host(b)[c.prompt_length:] + d) - (rows.length(b) - c.prompt_length)
-                 if c is not None else len(d) for b, (c, d) in enumerate(zip(constraints, drafts))]
+        valid = [len(d) if c is None else _valid_drafts(c, rows.host(b), d)
+                 for b, (c, d) in enumerate(zip(constraints, drafts))]
         keep = max(valid)
         self.cut_tokens += (proposal.num_tokens - keep) * len(rows)
         if len(rows) == 1 and keep < k:  # one row: the room left goes to the text forced after its valid drafts
@@ -102,25 +87,19 @@ class GrammarDrafter(Drafter):
             return proposal
         return Proposal(proposal.tokens[:, :keep], None if proposal.probs is None else proposal.probs[:, :keep])
 
-    def propose_tree(self, rows, shape, ctx):
-        return self.inner.propose_tree(rows, shape, ctx)
-
-    def commit(self, update: Commit) -> None:
-        self.inner.commit(update)
-
-    def keep_rows(self, indices: torch.Tensor) -> None:
-        self.inner.keep_rows(indices)
-
     def stats(self) -> dict[str, float]:
         return {"grammar_forced_steps": self.forced_steps, "grammar_forced_tokens": self.forced_tokens,
                 "grammar_cut_tokens": self.cut_tokens, **self.inner.stats()}
 
-    def finish(self) -> None:
-        self.inner.finish()
+
+def _valid_drafts(constraint: PrefixConstraint, row: list[int], drafts: list[int]) -> int:
+    """How many of ``drafts`` the grammar accepts after ``row`` (its committed tokens, prompt included)."""
+    generated = row[constraint.prompt_length:]
+    return constraint.valid_prefix(generated + drafts) - len(generated)
 
 
 def constrained_drafter(drafter: Drafter, processors: RowProcessors, tokenizer: Any = None) -> Drafter:
     """``drafter`` wrapped in a :class:`GrammarDrafter` when the call's processors hold a grammar constraint."""
-    if processors and any(isinstance(p, PrefixConstraint) for p in processors.for_row(0)):
+    if processors and has_constraint(processors.for_row(0)):
         return GrammarDrafter(drafter, tokenizer)
     return drafter

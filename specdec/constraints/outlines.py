@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.constraints.base import PrefixConstraint
+from specdec.constraints.base import PrefixConstraint, shared_prefix
 
 
 class OutlinesCoreRow(PrefixConstraint):
@@ -27,11 +27,7 @@ class OutlinesCoreRow(PrefixConstraint):
         self.fed: list[tuple[int, bool]] = []  # (token, whether the guide advanced on it)
 
     def _sync(self, tokens: list[int]) -> bool:
-        common = 0
-        for (a, _), b in zip(self.fed, tokens):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix([t for t, _ in self.fed], tokens)
         undo = sum(advanced for _, advanced in self.fed[common:])
         if undo:
             self.guide.rollback_state(undo)

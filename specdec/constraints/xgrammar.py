@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.constraints.base import PrefixConstraint
+from specdec.constraints.base import PrefixConstraint, shared_prefix
 
 
 class XGrammarRow(PrefixConstraint):
@@ -30,11 +30,7 @@ class XGrammarRow(PrefixConstraint):
     def _sync(self, tokens: list[int]) -> bool:
         """Bring the matcher to ``tokens``; False when one of them breaks the grammar (it then stands at the
         longest allowed prefix)."""
-        common = 0
-        for a, b in zip(self.fed, tokens):
-            if a != b:
-                break
-            common += 1
+        common = shared_prefix(self.fed, tokens)
         if common < len(self.fed):
             self.matcher.rollback(len(self.fed) - common)
             del self.fed[common:]

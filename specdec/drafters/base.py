@@ -21,7 +21,7 @@ import torch
 from specdec.protocol import Commit, DraftContext, Drafts, Proposal, Rows
 
 # the loop's types live in specdec.protocol; drafter authors may import them from here too
-__all__ = ["Commit", "DraftContext", "Drafter", "Drafts", "Proposal", "Rows"]
+__all__ = ["Commit", "DraftContext", "Drafter", "Drafts", "Proposal", "Rows", "WrappingDrafter"]
 
 if TYPE_CHECKING:
     from specdec.trees.build import TreeShape
@@ -96,3 +96,67 @@ class Drafter:
 
     def finish(self) -> None:
         """Release per-call state (caches)."""
+
+
+class WrappingDrafter(Drafter):
+    """A drafter around another (:attr:`inner`): everything it does not override is the inner drafter's, so a
+    wrapper (grammar-aware drafting, simulated acceptance, composite) states only what it changes."""
+
+    inner: Drafter
+
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:  # a head inside reads the verifier's features
+        return self.inner.hidden_layers
+
+    @property
+    def supports_tree(self) -> bool:
+        return self.inner.supports_tree
+
+    @property
+    def forwards(self) -> int:  # the inner drafter's forwards are the wrapper's (stats, adaptive k)
+        return self.inner.forwards
+
+    @forwards.setter
+    def forwards(self, value: int) -> None:
+        self.inner.forwards = value
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self.inner.model
+
+    @property
+    def compilable(self) -> bool:
+        return self.inner.compilable
+
+    def compile(self) -> None:
+        self.inner.compile()
+
+    def prime(self) -> None:
+        self.inner.prime()
+
+    def for_call(self) -> "WrappingDrafter":
+        call = copy.copy(self)
+        call.inner = self.inner.for_call()
+        return call
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
+              verifier: "CacheSession | None" = None, hidden: torch.Tensor | None = None) -> None:
+        self.inner.start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
+
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+        return self.inner.propose(rows, k, ctx)
+
+    def propose_tree(self, rows: Rows, shape: "TreeShape", ctx: DraftContext) -> "DraftTree":
+        return self.inner.propose_tree(rows, shape, ctx)
+
+    def commit(self, update: Commit) -> None:
+        self.inner.commit(update)
+
+    def keep_rows(self, indices: torch.Tensor) -> None:
+        self.inner.keep_rows(indices)
+
+    def stats(self) -> dict[str, float]:
+        return self.inner.stats()
+
+    def finish(self) -> None:
+        self.inner.finish()

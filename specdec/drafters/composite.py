@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from specdec.drafters.base import Drafter
-from specdec.protocol import Commit, DraftContext, Proposal, Rows
+from specdec.drafters.base import Drafter, WrappingDrafter
+from specdec.protocol import DraftContext, Proposal, Rows
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.trees.build import TreeShape
 from specdec.transfer import upload
@@ -19,7 +19,7 @@ from specdec.verifiers.session import CacheSession
 LOOKUP_NGRAMS = (2, 4)
 
 
-class CompositeDrafter(Drafter):
+class CompositeDrafter(WrappingDrafter):
     """Prompt lookup when it finds a continuation of at least ``min_match`` tokens, the model drafter otherwise.
 
     The lookup is free, so it is tried first; the model drafter is kept in sync either way (it
@@ -36,28 +36,10 @@ class CompositeDrafter(Drafter):
         self.min_match = min_match
         self.lookup_steps = self.model_steps = 0
         self.lookup_nodes = 0
-        self.hidden_layers = model_drafter.hidden_layers
-        self.supports_tree = model_drafter.supports_tree
 
     @property
-    def forwards(self) -> int:
-        return self.model_drafter.forwards
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        """The model behind the model drafter (memory planning)."""
-        return self.model_drafter.model
-
-    @property
-    def compilable(self) -> bool:
-        return self.model_drafter.compilable
-
-    def compile(self) -> None:
-        """Compile the model drafter's forwards (the lookup has none)."""
-        self.model_drafter.compile()
-
-    def prime(self) -> None:
-        self.model_drafter.prime()
+    def inner(self) -> Drafter:  # what is not the lookup's is the model drafter's (hidden layers, compile, commit)
+        return self.model_drafter
 
     def for_call(self) -> "CompositeDrafter":
         call = copy.copy(self)
@@ -104,8 +86,7 @@ class CompositeDrafter(Drafter):
             sizes.append(size)
         return pack(merged, rows.device, ctx.vocab_size, _merged_values(tree.values, sizes, max(map(len, merged))))
 
-    def commit(self, update: Commit) -> None:
-        self.model_drafter.commit(update)  # a no-op for it when the lookup proposed
+    # commit is the model drafter's: a no-op for it when the lookup proposed
 
     def stats(self) -> dict[str, float]:
         return {"lookup_steps": self.lookup_steps, "model_steps": self.model_steps, "lookup_tree_nodes": self.lookup_nodes,

@@ -25,7 +25,6 @@ report it with :attr:`SimulatedDrafter.label`. Greedy only (sampling raises ``Va
 
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -33,7 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.draft_length import expected_tokens
-from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
+from specdec.drafters.base import DraftContext, Drafter, Proposal, Rows, WrappingDrafter
 from specdec.transfer import upload
 
 #: Conditional acceptance per draft position (position j: P(draft j accepted | drafts 0..j-1 accepted)) of the
@@ -121,7 +120,7 @@ def _prompt_key(ids: list[int], mask: list[int] | None) -> tuple[int, ...]:
     return tuple(ids if mask is None else (t for t, m in zip(ids, mask) if m))
 
 
-class SimulatedDrafter(Drafter):
+class SimulatedDrafter(WrappingDrafter):
     """Runs ``inner`` at full cost every pass but proposes what ``profile`` says a drafter would get accepted.
 
     Args:
@@ -211,35 +210,8 @@ class SimulatedDrafter(Drafter):
             self._references[_prompt_key(row_ids, mask)] = (new if end is None else new[:end], end is not None)
 
     # ---- the drafter --------------------------------------------------------------------------------------
-    @property
-    def hidden_layers(self) -> tuple[int, ...]:  # the inner drafter's: a head reads the verifier's features
-        return self.inner.hidden_layers
-
-    @property
-    def forwards(self) -> int:  # the inner drafter's forwards are this drafter's (stats, adaptive k)
-        return self.inner.forwards
-
-    @forwards.setter
-    def forwards(self, value: int) -> None:
-        self.inner.forwards = value
-
-    @property
-    def model(self) -> torch.nn.Module | None:
-        return self.inner.model
-
-    @property
-    def compilable(self) -> bool:
-        return self.inner.compilable
-
-    def compile(self) -> None:
-        self.inner.compile()
-
-    def prime(self) -> None:
-        self.inner.prime()
-
     def for_call(self) -> "SimulatedDrafter":
-        call = copy.copy(self)  # shares the references
-        call.inner = self.inner.for_call()
+        call = super().for_call()  # shares the references
         call._reset()
         return call
 
@@ -290,11 +262,8 @@ class SimulatedDrafter(Drafter):
                           for j in range(k)])
         return Proposal(torch.take(self._table, upload(index, torch.long, rows.device)))
 
-    def commit(self, update: Commit) -> None:
-        self.inner.commit(update)  # the accepted counts are those a real drafter of this acceptance would see
-
-    def keep_rows(self, indices: torch.Tensor) -> None:
-        self.inner.keep_rows(indices)  # this drafter finds rows by owner: nothing of its own moves
+    # commit and keep_rows are the inner drafter's: the accepted counts are those a real drafter of this acceptance
+    # would see, and this drafter finds rows by owner, so nothing of its own moves
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.inner.stats())
