@@ -2,7 +2,7 @@
 
 Measures the steady state of batched speculative verification with two cache layouts:
 
-(a) ``shared`` -- specdec's :class:`~specdec.verifiers.session.CacheSession`, used as is: every row
+(a) ``shared`` -- specdec's :class:`~specdec.runners.session.CacheSession`, used as is: every row
     writes its block into the same slot range, rejected drafts become holes hidden by the 2-D
     attention mask, position ids are per row, and ``compact()`` gathers the holes out when the
     slots run out (its cost is counted in the pass that triggers it).
@@ -42,9 +42,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec.slots import cache_slots
-from specdec.verifiers.cache import CacheOverflowError
-from specdec.verifiers.hf import CausalLMRunner
-from specdec.verifiers.session import CacheSession
+from specdec.runners.cache import CacheOverflowError
+from specdec.runners.hf import CausalLMRunner
+from specdec.runners.session import CacheSession
 
 K = 6  # drafts per pass; each verify pass feeds k + 1 tokens per row
 

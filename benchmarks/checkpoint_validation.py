@@ -1,7 +1,7 @@
 """Validation of a train-head run's checkpoints mid-way (issue 24's learning curve, one-pass points).
 
     python benchmarks/checkpoint_validation.py --run runs/head-v2 --checkpoints runs/curve-onepass/step-100 \\
-        runs/curve-onepass/step-400 --heads-out runs/curve-heads --out benchmarks/results/issue24/onepass.json
+        runs/curve-onepass/step-400 --heads-out runs/curve-heads --out benchmarks/results/heads/onepass.json
 
 Each checkpoint (full or packed, ``specdec.training.portable``) is exported as a head directory under
 ``--heads-out`` (score it on Spec-Bench with ``benchmarks/spec_bench_forced.py --heads DIR``) and teacher-forced on

@@ -890,7 +890,7 @@ def stage_syncs_per_pass(entry: dict[str, Any], model: Any, state: dict[str, Any
     import torch
 
     from specdec.api import SpeculativeModel
-    from specdec.draft_length import ChainPlan
+    from specdec.chains import ChainPlan
     from specdec.drafters import AcceptanceProfile, SimulatedDrafter
     from specdec.drafters.eagle import EagleDrafter
     from specdec.host_trace import HostTrace

@@ -1,6 +1,6 @@
 """Print a markdown table of speedups per task group from a ``specdec eval`` summary.json.
 
-    python benchmarks/group_table.py benchmarks/results/eval-greedy/summary.json [--vs hf-compiled]
+    python benchmarks/group_table.py benchmarks/results/drafters/eval-greedy/summary.json [--vs hf-compiled]
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from transformers import LogitsProcessorList
 from specdec.drafters import resolve_drafter
 from specdec.protocol import DraftContext, Rows
 from specdec.models import load_model
-from specdec.verifiers.hf import CausalLMRunner
+from specdec.runners.hf import CausalLMRunner
 
 
 def _median_ms(fn, repeats: int) -> float:

@@ -2,7 +2,7 @@
 draft vocabulary by coverage *and* cost). Random heads of the embedded model's shape, one per size, each measured
 by ``benchmarks/head_cost.py`` in its own process; quiet machine.
 
-    python benchmarks/head_vocab_cost.py --sizes 4096 8192 16384 32768 49152 --out benchmarks/results/issue24/vocab_cost.json
+    python benchmarks/head_vocab_cost.py --sizes 4096 8192 16384 32768 49152 --out benchmarks/results/heads/vocab_cost.json
 """
 
 from __future__ import annotations

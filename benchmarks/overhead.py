@@ -184,8 +184,8 @@ class PassProbe:
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        from specdec.draft_length import ChainPlan
-        from specdec.verifiers.hf import CausalLMRunner
+        from specdec.chains import ChainPlan
+        from specdec.runners.hf import CausalLMRunner
 
         probe = self
 

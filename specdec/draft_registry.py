@@ -11,6 +11,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from specdec.errors import SpecdecError
+
 #: the self-copy behind a bare ``"composite"`` drafter
 COMPOSITE_DEFAULT_SCHEME = "int8"
 
@@ -30,7 +32,7 @@ MAX_NAME_CHAIN = 8
 _BUILDING: ContextVar[tuple[str, ...]] = ContextVar("specdec_drafters_building", default=())
 
 
-class DraftSpecError(ValueError):
+class DraftSpecError(SpecdecError, ValueError):
     """A drafter name that names no drafter; the message says what the accepted forms are."""
 
 
@@ -129,7 +131,7 @@ def register_kind(kind: DrafterKind, *, builtin: bool = False) -> DrafterKind:
     for field in ("build", "parse", "describe", "check", "check_verifier"):
         value = getattr(kind, field)
         if (value is not None or field == "build") and not callable(value):
-            raise TypeError(f"drafter kind {kind.name!r}: {field} must be a function, got {_what(value)}")
+            raise TypeError(f"drafter kind {kind.name!r}: {field} must be a function, got {what(value)}")
     if kind.name in _BUILTIN:
         raise ValueError(f"{kind.name!r} is a built-in drafter name and cannot be registered")
     if builtin:
@@ -153,7 +155,7 @@ def register_drafter(prefix: str, builder: Callable[[str, Any, Any], Any], *, hf
     _check_prefix(prefix)
     if not callable(builder):
         raise TypeError(f"register_drafter({prefix!r}, ...): the builder must be callable as "
-                        f"builder(spec, verifier, tokenizer), got {_what(builder)}")
+                        f"builder(spec, verifier, tokenizer), got {what(builder)}")
 
     def build(spec: DraftSpec, verifier: Any, tokenizer: Any, draft_tokenizer: Any) -> Any:
         chain = (*_BUILDING.get(), spec.text)
@@ -171,8 +173,7 @@ def register_drafter(prefix: str, builder: Callable[[str, Any, Any], Any], *, hf
                 built = inner.declared.build(inner, verifier, tokenizer, draft_tokenizer)
         finally:
             _BUILDING.reset(token)
-        _check_built(prefix, built)
-        return built
+        return built  # specdec.drafters.resolve_drafter checks what came back (DrafterTypeError)
 
     register_kind(DrafterKind(
         prefix, f"{prefix}[:ARGS]", build,
@@ -183,30 +184,14 @@ def register_drafter(prefix: str, builder: Callable[[str, Any, Any], Any], *, hf
 def _check_prefix(prefix: Any) -> None:
     """Refuse a drafter prefix that could not be typed as ``--draft PREFIX[:ARGS]``."""
     if not isinstance(prefix, str):
-        raise TypeError(f"a drafter prefix must be a string, got {_what(prefix)}")
+        raise TypeError(f"a drafter prefix must be a string, got {what(prefix)}")
     if not _PREFIX.fullmatch(prefix):
         raise ValueError(f"a drafter prefix must be non-empty and contain no ':', spaces or other characters that "
                          f"cannot be typed in --draft PREFIX[:ARGS] (ASCII letters, digits, '_', '.', '+', '-'; "
                          f"not starting with '-'), got {prefix!r}")
 
 
-def _check_built(prefix: str, built: Any) -> None:
-    """Raise :class:`DrafterTypeError` unless a registered builder's result is a drafter or a causal LM."""
-    import torch  # only when a drafter is built: the registry stays torch-free at import
-
-    from specdec.drafters.base import Drafter
-
-    if isinstance(built, Drafter):
-        return
-    if isinstance(built, torch.nn.Module) and hasattr(built, "config") \
-            and callable(getattr(built, "get_output_embeddings", None)) and built.get_output_embeddings() is not None:
-        return
-    raise DrafterTypeError(f"the builder registered for drafter prefix {prefix!r} returned {_what(built)}: it must "
-                           "return a specdec.drafters.Drafter, a causal LM (a model with a config and an LM head, "
-                           "e.g. AutoModelForCausalLM), or another drafter's name")
-
-
-def _what(value: Any) -> str:
+def what(value: Any) -> str:
     """``value`` named for an error message: a built-in value with its (shortened) repr, anything else by its class."""
     kind = type(value)
     if kind.__module__ == "builtins":

@@ -22,10 +22,11 @@ from specdec.arguments import GenerationSetup
 from specdec.committed import CommittedRows
 from specdec.drafters.base import Drafter
 from specdec.protocol import Commit, DraftContext, DraftPlan
+from specdec.slots import CallSlots
 from specdec.stats import SpecStats
 from specdec.verification import verify
-from specdec.verifiers.hf import CausalLMRunner
-from specdec.verifiers.session import CacheSession
+from specdec.runners.hf import CausalLMRunner
+from specdec.runners.session import CacheSession
 
 
 @dataclass
@@ -51,9 +52,11 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     output_scores: bool = False,
     output_logits: bool = False,
+    slots: CallSlots | None = None,
 ) -> EngineResult:
     """Generate with ``drafter`` proposing what ``plan`` asks for each verifier pass: chains of a fixed or
-    adaptive ``k`` (:class:`~specdec.draft_length.ChainPlan`) or trees (:class:`~specdec.trees.plan.TreePlan`)."""
+    adaptive ``k`` (:class:`~specdec.chains.ChainPlan`) or trees (:class:`~specdec.trees.plan.TreePlan`).
+    ``slots``: the call's cache sizes as its memory check counted them (by default the plan's for this shape)."""
     start = time.perf_counter()
     plan.check(drafter)
     stats = SpecStats(num_draft_tokens=plan.num_draft_tokens, batch_size=setup.input_ids.shape[0], tree=plan.to_dict())
@@ -61,11 +64,12 @@ def speculative_generate(
     if streamer is not None:
         streamer.put(setup.input_ids.cpu())
     drafter, layers = drafter.for_call(), drafter.hidden_layers  # per call: concurrent calls never share state
-    slots = plan.slots(*setup.input_ids.shape, setup.max_length)
-    cache, prompt = verifier.prefill(setup.input_ids, setup.attention_mask, slots, hidden_layers=layers,
-                                     widths=plan.widths)  # widths: the shapes of compiled passes
+    if slots is None:
+        slots = plan.call_slots(*setup.input_ids.shape, setup.max_length, static=verifier.static is not None)
+    cache, prompt = verifier.prefill(setup.input_ids, setup.attention_mask, slots.verifier, hidden_layers=layers,
+                                     widths=slots.widths)  # widths: the shapes of compiled passes
     try:
-        drafter.start(setup.input_ids, setup.attention_mask, slots, verifier=cache, hidden=prompt.hidden)
+        drafter.start(setup.input_ids, setup.attention_mask, slots.rows, verifier=cache, hidden=prompt.hidden)
         ctx = DraftContext(setup.processors, setup.do_sample, generator, vocab_size=prompt.logits.shape[-1])
         logits = prompt.logits.float()
         scores = setup.processors(setup.input_ids, logits)

@@ -127,7 +127,7 @@ class HostTrace:
 
     def mark_engine(self) -> None:
         """Mark passes at every plan's ``propose`` (chains and trees)."""
-        from specdec.draft_length import ChainPlan
+        from specdec.chains import ChainPlan
         from specdec.trees.plan import TreePlan
 
         for plan in (ChainPlan, TreePlan):

@@ -26,8 +26,8 @@ from typing import Iterable, Sequence, Union
 Counts = Union[float, Iterable[float]]
 
 __all__ = [
-    "Counts", "acceptance_by_position", "acceptance_rate", "exact_matches", "mean_accepted_length",
-    "mean_draft_length", "pool_positions", "ratio", "speedup", "throughput", "total",
+    "Counts", "acceptance_by_position", "acceptance_rate", "exact_matches", "expected_tokens",
+    "mean_accepted_length", "mean_draft_length", "pool_positions", "ratio", "speedup", "throughput", "total",
 ]
 
 
@@ -99,6 +99,20 @@ def throughput(tokens: Counts, seconds: Counts) -> float:
 def speedup(tokens: Counts, seconds: Counts, baseline_tokens: Counts, baseline_seconds: Counts) -> float:
     """Throughput over a baseline's on the same prompts (``0.0`` if the baseline has no throughput)."""
     return ratio(throughput(tokens, seconds), throughput(baseline_tokens, baseline_seconds))
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens committed by a verifier pass over ``k`` drafts when each draft is accepted with probability
+    ``a`` (independently, until the first rejection), the verifier's own token included: ``1 + a + ... + a**k =
+    (1 - a**(k+1)) / (1 - a)``, from 1 (``a = 0``) to ``k + 1`` (``a = 1``). The model behind adaptive ``k``, tree
+    ``auto``'s chain length, the simulated drafter's profiles and ``quant-report``'s estimated speedup.
+
+    >>> expected_tokens(0.5, 2)
+    1.75
+    """
+    if a >= 1.0:
+        return k + 1.0
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 def exact_matches(predictions: Iterable[Sequence[int]], references: Iterable[Sequence[int]]) -> int:

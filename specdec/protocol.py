@@ -1,10 +1,10 @@
 """The speculative loop's vocabulary: what the engine, the drafters, verification and trees exchange.
 
 - :class:`Rows`: the committed rows of the active batch; :class:`DraftContext`: what a drafter may use to draft;
-- :class:`Drafts`: what a drafter proposes, a chain (:class:`Proposal`) or a tree (``specdec.trees.DraftTree``);
+- :class:`Drafts`: what a drafter proposes, a chain (:class:`DraftChain`) or a tree (``specdec.trees.DraftTree``);
 - :class:`Commit`: what one verify pass committed, as the drafter is told;
 - :func:`checked`: a proposal checked against what was asked before the engine verifies it (:class:`ProposalError`);
-- :class:`DraftPlan`: how a call drafts (chains of a fixed or adaptive ``k``: ``specdec.draft_length.ChainPlan``;
+- :class:`DraftPlan`: how a call drafts (chains of a fixed or adaptive ``k``: ``specdec.chains.ChainPlan``;
   trees: ``specdec.trees.plan.TreePlan``). The engine asks the plan for each pass's proposal and tells it the
   outcome; it never asks which kind of plan or proposal it holds.
 
@@ -19,8 +19,9 @@ from typing import Any, Iterator, Protocol
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.processing import RowContext, RowProcessors
-from specdec.slots import cache_slots, pass_widths
+from specdec.slots import CallSlots, cache_slots, pass_widths
 from specdec.transfer import upload
 
 
@@ -42,7 +43,7 @@ class Drafts:
 
 
 @dataclass
-class Proposal(Drafts):
+class DraftChain(Drafts):
     """``k`` proposed tokens per row and, when sampling, the processed probabilities they were drawn from.
 
     ``probs`` is ``[batch, k, vocab]`` or ``None``; ``None`` means a deterministic drafter, which the
@@ -81,16 +82,18 @@ class Rows:
     Row ``b`` is ``tokens[b, :lengths[b]]`` in transformers' layout: the left padding of its prompt,
     then its real tokens. Indexing and iterating give those 1-D views, so a drafter can treat the
     batch as a list of rows of different lengths. ``owners[b]``: row ``b``'s index in the batch the
-    call was given (rows that finish leave the active batch), which picks its logits processors.
+    call was given (rows that finish leave the active batch), which picks its logits processors. ``pads[b]``: the
+    left padding of row ``b``'s prompt (host ints, read once per call), where its real tokens start.
     """
 
     def __init__(self, tokens: torch.LongTensor, lengths: torch.LongTensor | list[int], owners: list[int] | None = None,
-                 host: list[list[int]] | None = None) -> None:
+                 host: list[list[int]] | None = None, pads: list[int] | None = None) -> None:
         self.tokens = tokens
         # host ints: slicing with them costs no device sync (the engine passes lists; a tensor is read once here)
         self._lengths = list(lengths) if isinstance(lengths, list) else lengths.tolist()
         self.owners = list(range(len(self._lengths))) if owners is None else list(owners)
         self._host = host  # per row, its tokens as host ints (at least lengths[b] of them), when the caller has them
+        self.pads = [0] * len(self._lengths) if pads is None else list(pads)
 
     @property
     def lengths(self) -> torch.LongTensor:
@@ -181,7 +184,11 @@ class Commit:
         return all(n == a + 1 for a, n in zip(self.accepted_host, self.added_host))
 
 
-class ProposalError(ValueError):
+#: the name a chain of drafts had before ``DraftChain`` (custom drafters may still import it)
+Proposal = DraftChain
+
+
+class ProposalError(SpecdecError, ValueError):
     """A drafter proposed something the engine cannot verify (wrong shape, dtype, length, rows or ids); the message
     names the drafter's class."""
 
@@ -206,7 +213,7 @@ class DraftedIds:
 
 
 def checked(drafts: Drafts, drafter: object, rows: Rows, ctx: DraftContext, nodes: int, depth: int,
-            kind: type[Drafts] = Proposal) -> Drafts:
+            kind: type[Drafts] = DraftChain) -> Drafts:
     """``drafts`` as the engine may verify them: at most ``nodes`` drafts per row, at most ``depth`` deep (a chain:
     both are its ``k``), one row per row of ``rows``, ``torch.long`` ids on the rows' device, ``probs``
     ``[B, N, vocab]``; otherwise a one-line :class:`ProposalError` naming the drafter's class. A custom drafter's bad
@@ -236,7 +243,7 @@ def checked(drafts: Drafts, drafter: object, rows: Rows, ctx: DraftContext, node
         raise refuse(f"proposed tokens on {tokens.device}; the rows are on {rows.device}")
     if n > nodes:
         raise refuse(f"proposed {n} drafts per row; this pass asked for at most {nodes}")
-    deepest = n if kind is Proposal else max((d for _, d in drafts.scored()), default=0)
+    deepest = n if kind is DraftChain else max((d for _, d in drafts.scored()), default=0)
     if deepest > depth:
         raise refuse(f"proposed drafts {deepest} deep; this pass asked for at most {depth}")
     probs = drafts.probs
@@ -268,7 +275,7 @@ class DraftPlan:
 
     ``num_draft_tokens``: the call's ``k`` (the bound of an adaptive ``k``); :attr:`max_drafts` the most drafts
     one pass scores, :attr:`extra_slots` the cache slots a pass may need past a chain's. Subclasses:
-    ``specdec.draft_length.ChainPlan`` and ``specdec.trees.plan.TreePlan``.
+    ``specdec.chains.ChainPlan`` and ``specdec.trees.plan.TreePlan``.
     """
 
     num_draft_tokens: int
@@ -289,6 +296,10 @@ class DraftPlan:
     def slots(self, batch: int, prompt: int, max_length: int) -> int:
         """Cache slots per row of each managed cache for a call of this shape (:func:`specdec.slots.cache_slots`)."""
         return cache_slots(batch, prompt, max_length, self.num_draft_tokens) + self.extra_slots
+
+    def call_slots(self, batch: int, prompt: int, max_length: int, static: bool = False) -> CallSlots:
+        """Every cache size of a call of this shape, once: ``static`` for a verifier with compiled passes."""
+        return CallSlots.of(self.slots(batch, prompt, max_length), self.widths, static)
 
     @property
     def widths(self) -> tuple[int, ...]:

@@ -5,6 +5,8 @@ Torch-free, so ``specdec plan`` can size caches without importing torch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def cache_slots(batch_size: int, prompt_len: int, max_length: int, num_draft_tokens: int) -> int:
     """Slots per row of each managed cache (verifier and model drafter) for one call.
@@ -48,3 +50,22 @@ def static_slots(slots: int, widths: tuple[int, ...]) -> int:
     widest width, rounded up to :data:`STATIC_LENGTH_STEP` (calls of similar lengths then share one shape)."""
     need = slots + max(widths)
     return -(-need // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP
+
+
+@dataclass(frozen=True)
+class CallSlots:
+    """The cache sizes of one call, derived once (by the strategy that plans it) and read by the memory check,
+    the engine and the caches alike.
+
+    ``rows``: slots per row of a drafter's managed cache (:func:`cache_slots` plus a tree's extra slots);
+    ``verifier``: the verifier's, the same unless its passes are compiled (:func:`static_slots`);
+    ``widths``: the token counts compiled verify passes are padded to (:func:`pass_widths`)."""
+
+    rows: int
+    verifier: int
+    widths: tuple[int, ...]
+
+    @classmethod
+    def of(cls, rows: int, widths: tuple[int, ...], static: bool) -> "CallSlots":
+        """``rows`` slots, and a verifier cache rounded for compiled passes when ``static``."""
+        return cls(rows, static_slots(rows, widths) if static else rows, widths)

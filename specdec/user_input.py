@@ -1,4 +1,4 @@
-"""A user's command-line choices checked before anything loads, and the errors every CLI prints in one line.
+"""A user's command-line choices checked before anything loads, and the one-line form of an error message.
 
 Shared by ``specdec`` (cli.py), ``specdec eval`` and ``specdec train-head`` / ``head-report``: each imports these
 from here, below all of them, rather than from one another.
@@ -8,23 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-
-def drafter_errors() -> tuple[type[Exception], ...]:
-    """The errors building a drafter or a tree can raise for a user's choices (a missing or mismatched head or
-    model, a vocabulary mismatch, a model trees refuse): the CLI prints their one-line message, no traceback."""
-    from specdec.draft_spec import DraftSpecError
-    from specdec.drafters import VocabularyMismatchError
-    from specdec.heads.checkpoint import HeadLoadError
-    from specdec.models import ModelNotFoundError
-    from specdec.quant import UnknownSchemeError, UnsupportedSchemeError
-    from specdec.verifiers import UnsupportedModelError
-
-    return (DraftSpecError, HeadLoadError, VocabularyMismatchError, UnsupportedModelError, ModelNotFoundError,
-            UnknownSchemeError, UnsupportedSchemeError)
+from specdec.errors import SpecdecError
 
 
 def one_line(error: BaseException) -> str:
-    """An error's message on one line (the CLI's errors are single ``error:`` lines)."""
+    """An error's message on one line (the CLI's errors are single ``error:`` lines; what they catch is
+    :class:`specdec.errors.SpecdecError`, the base of every error a user can fix)."""
     return " ".join(str(error).split("\n"))
 
 
@@ -74,7 +63,7 @@ def _verifier_config(model: str) -> Any | None:
         return None
 
 
-class DeviceError(ValueError):
+class DeviceError(SpecdecError, ValueError):
     """A ``--device`` this machine does not have (or that is not a device)."""
 
 

@@ -15,10 +15,10 @@ import torch
 
 from specdec.acceptance import greedy_accept, one_hot, rejection_accept
 from specdec.arguments import GenerationSetup
-from specdec.protocol import Commit, DraftedIds, Drafts, Proposal, Rows
+from specdec.protocol import Commit, DraftedIds, Drafts, DraftChain, Rows
 from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
 from specdec.trees.tree import DraftTree, reads_context
-from specdec.verifiers.session import CacheSession
+from specdec.runners.session import CacheSession
 
 
 @dataclass
@@ -73,7 +73,7 @@ def verify(cache: CacheSession, rows: Rows, drafts: Drafts, setup: GenerationSet
 
 @singledispatch
 def _pass_for(drafts: Drafts) -> Callable[..., Verified]:
-    raise TypeError(f"cannot verify {type(drafts).__name__}: a drafter proposes a Proposal (chain) or a DraftTree")
+    raise TypeError(f"cannot verify {type(drafts).__name__}: a drafter proposes a DraftChain (chain) or a DraftTree")
 
 
 def _process(setup: GenerationSetup, rows: Rows, contexts: list[list[torch.Tensor]], logits: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ def _process(setup: GenerationSetup, rows: Rows, contexts: list[list[torch.Tenso
     return out
 
 
-def verify_chain(cache: CacheSession, rows: Rows, proposal: Proposal, setup: GenerationSetup,
+def verify_chain(cache: CacheSession, rows: Rows, proposal: DraftChain, setup: GenerationSetup,
                  layers: tuple[int, ...], generator: torch.Generator | None) -> Verified:
     """Score ``[last, d_1 .. d_k]`` per row in one pass; greedy or rejection-sampling acceptance."""
     drafts = proposal.tokens
@@ -143,5 +143,5 @@ def _tree_contexts(rows: Rows, tree: DraftTree, setup: GenerationSetup) -> list[
             for b, row in enumerate(rows)]
 
 
-_pass_for.register(Proposal, lambda drafts: verify_chain)
+_pass_for.register(DraftChain, lambda drafts: verify_chain)
 _pass_for.register(DraftTree, lambda drafts: verify_tree)

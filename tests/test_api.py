@@ -8,7 +8,7 @@ from transformers.generation.streamers import BaseStreamer
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 import specdec
-from specdec.drafters import Drafter, Proposal
+from specdec.drafters import Drafter, DraftChain
 from tiny_models import VOCAB, make_model, perturbed_copy
 
 
@@ -151,7 +151,7 @@ class CountingDrafter(Drafter):
 
     def propose(self, rows, k, ctx):
         self.calls += 1
-        return Proposal(torch.full((len(rows), k), 7, dtype=torch.long))
+        return DraftChain(torch.full((len(rows), k), 7, dtype=torch.long))
 
     def stats(self):
         return {"calls": self.calls}
@@ -164,7 +164,7 @@ class OldProtocolDrafter:
         pass
 
     def propose(self, rows, k, ctx):
-        return Proposal(torch.full((len(rows), k), 7, dtype=torch.long))
+        return DraftChain(torch.full((len(rows), k), 7, dtype=torch.long))
 
     def commit(self, rows):
         pass

@@ -10,7 +10,7 @@ import torch
 import specdec
 from specdec.acceptance import draft_distribution, rejection_accept
 from specdec.drafters import Drafter
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import DraftChain
 from tiny_models import VOCAB, make_model
 
 
@@ -78,7 +78,7 @@ class _NanProbs(Drafter):
     def propose(self, rows, k, ctx):
         tokens = torch.full((len(rows), k), 5, dtype=torch.long, device=rows.device)
         probs = torch.full((len(rows), k, ctx.vocab_size), float("nan"), device=rows.device) if ctx.do_sample else None
-        return Proposal(tokens, probs)
+        return DraftChain(tokens, probs)
 
 
 def test_custom_drafter_with_nan_probs_does_not_crash():

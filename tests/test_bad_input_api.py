@@ -12,7 +12,7 @@ import torch
 
 import specdec
 from specdec.drafters import Drafter
-from specdec.drafters.base import Proposal
+from specdec.drafters.base import DraftChain
 from specdec.host_trace import HostTrace, sync_report
 from specdec.protocol import ProposalError
 from specdec.sizing import PlanError
@@ -51,7 +51,7 @@ class _Custom(Drafter):
         probs = None
         if self.bad == "probs" and n:
             probs = torch.full((rows_n, n, ctx.vocab_size - 1), 1.0 / (ctx.vocab_size - 1), device=rows.device)
-        return Proposal(tokens, probs)
+        return DraftChain(tokens, probs)
 
     def propose_tree(self, rows, shape, ctx):
         depth = shape.depth + (1 if self.bad == "deep" else 0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.verifiers import CausalLMRunner
+from specdec.runners import CausalLMRunner
 from tiny_models import VOCAB, make_model, perturbed_copy
 
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.verifiers import CacheOverflowError, CausalLMRunner, ManagedCache
+from specdec.runners import CacheOverflowError, CausalLMRunner, ManagedCache
 from tiny_models import VOCAB, make_model
 
 MODELS = {arch: make_model(arch) for arch in ("llama", "mistral", "gpt2")}
@@ -88,7 +88,7 @@ def test_passes_hand_the_cache_by_the_models_own_keyword(arch, recwarn):
     import inspect
     import warnings
 
-    from specdec.verifiers.cache import cache_argument
+    from specdec.runners.cache import cache_argument
 
     model = MODELS[arch]
     assert cache_argument(model) in inspect.signature(model.forward).parameters
@@ -104,7 +104,7 @@ def test_cache_keyword_of_an_older_forward():
     names neither (a ``**kwargs`` wrapper) gets the installed transformers' name, which its models declare."""
     import inspect
 
-    from specdec.verifiers.cache import cache_argument
+    from specdec.runners.cache import cache_argument
 
     class Old(torch.nn.Module):
         def forward(self, input_ids=None, past_key_values=None, use_cache=None):

@@ -13,7 +13,7 @@ import specdec
 from specdec.drafters import CompositeDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.slots import STATIC_LENGTH_STEP, pass_widths, static_slots
-from specdec.verifiers import UnsupportedModelError
+from specdec.runners import UnsupportedModelError
 from test_eagle import _batch, _random_head
 from tiny_models import CONFIGS, make_model, perturbed_copy
 
@@ -57,7 +57,7 @@ def test_greedy_identity_every_drafter_kind_with_padded_passes(tree, batch, draf
              "composite": lambda: CompositeDrafter(ModelDrafter(perturbed_copy(model, 0.05))),
              "layer-skip": lambda: "layer-skip:1",
              "model": lambda: perturbed_copy(model, 0.05)}[drafter]()
-    cost = specdec.trees.sizing.VerifyCost((1, 64), (0.010, 0.330)) if tree == "auto" else None
+    cost = specdec.trees.auto.VerifyCost((1, 64), (0.010, 0.330)) if tree == "auto" else None
     _identical(_spec(model, draft, pads=True, num_draft_tokens=4, tree=tree, tree_cost=cost), model, batch)
 
 
@@ -99,7 +99,7 @@ def test_auto_sampling_switching_chains_and_trees_draws_what_eager_specdec_draws
     draft = perturbed_copy(model, 0.1)
     ids, mask = _batch(rows=3)
     kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=True, temperature=0.9, top_k=20, pad_token_id=0)
-    auto = dict(num_draft_tokens=3, tree="auto", tree_cost=specdec.trees.sizing.VerifyCost((1, 64), (0.010, 0.011)),
+    auto = dict(num_draft_tokens=3, tree="auto", tree_cost=specdec.trees.auto.VerifyCost((1, 64), (0.010, 0.011)),
                 tree_draft_step=0.001)
     eager = specdec.SpeculativeModel(model, draft, **auto)
     static = _spec(model, draft, True, **auto)
@@ -160,9 +160,9 @@ def test_static_lengths_and_widths():
 def test_memory_check_counts_the_longer_static_cache(monkeypatch):
     model = make_model("llama")
     budgets = []
-    import specdec.api as api
+    import specdec.strategy as strategy
 
-    monkeypatch.setattr(api, "check_fits", lambda *a, **kw: budgets.append(kw["max_len"]))
+    monkeypatch.setattr(strategy, "check_fits", lambda *a, **kw: budgets.append(kw["max_len"]))
     ids = torch.tensor([[5, 9, 14, 3, 7]])
     for options in (False, EAGER):
         specdec.SpeculativeModel(model, "prompt-lookup", num_draft_tokens=3, compile_verifier=options).generate(

@@ -202,7 +202,7 @@ def test_forced_text_is_drafted_and_forbidden_drafts_are_cut(verifier, xgrammar_
 
     class Scribbler(specdec.Drafter):  # proposes "z", which the grammar never allows
         def propose(self, rows, k, ctx):
-            return specdec.Proposal(torch.full((len(rows), k), z, dtype=torch.long))
+            return specdec.DraftChain(torch.full((len(rows), k), z, dtype=torch.long))
 
     for draft in ("prompt-lookup", perturbed_copy(verifier, 0.05), Scribbler()):
         spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=4, tokenizer=char_tokenizer())
@@ -262,7 +262,7 @@ def test_outlines_xgrammar_backend_is_exact(verifier):
 def test_a_bad_proposal_under_a_grammar_names_the_drafter(verifier, xgrammar_factory):
     class PastTheVocabulary(specdec.Drafter):
         def propose(self, rows, k, ctx):
-            return specdec.Proposal(torch.full((len(rows), k), VOCAB + 5, dtype=torch.long))
+            return specdec.DraftChain(torch.full((len(rows), k), VOCAB + 5, dtype=torch.long))
 
     spec = specdec.SpeculativeModel(verifier, PastTheVocabulary(), num_draft_tokens=3, tokenizer=char_tokenizer())
     with pytest.raises(ValueError, match="drafter PastTheVocabulary"):

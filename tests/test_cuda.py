@@ -185,7 +185,7 @@ def test_a_chain_pass_syncs_once_on_cuda(draft, lengths):
     (tests/test_host_syncs.py). ``eagle-region``: the head's fixed-shape draft region, eager (no compile)."""
     import warnings
 
-    from specdec.draft_length import ChainPlan
+    from specdec.chains import ChainPlan
 
     model = make_model("llama").to("cuda")
     drafter = _random_eagle3(model) if draft.startswith("eagle") else _draft(draft, model)

@@ -17,7 +17,7 @@ from specdec import draft_registry, draft_spec
 from specdec.cli import drafter_summary, main
 from specdec.user_input import check_model_and_draft
 from specdec.draft_spec import DraftSpecError, DrafterKind, forms, parse_draft, register_drafter, register_kind
-from specdec.drafters import Drafter, Proposal, resolve_drafter
+from specdec.drafters import Drafter, DraftChain, resolve_drafter
 from specdec.eval.methods import has_hf_assistant, plan_methods
 from tiny_models import make_model
 
@@ -56,7 +56,7 @@ class EchoDrafter(Drafter):
         self.token = token
 
     def propose(self, rows, k, ctx):
-        return Proposal(torch.full((len(rows), k), self.token, dtype=torch.long))
+        return DraftChain(torch.full((len(rows), k), self.token, dtype=torch.long))
 
 
 def _echo_token(text: str, arg: str | None) -> dict:

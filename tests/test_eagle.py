@@ -174,7 +174,7 @@ class _CheckedDrafter(EagleDrafter):
         expected = []
         with torch.no_grad():
             for b in range(len(rows)):
-                row = rows[b][self._pads[b]:].unsqueeze(0)
+                row = rows[b][rows.pads[b]:].unsqueeze(0)
                 out = model(row, output_hidden_states=True)
                 feats = torch.cat([out.hidden_states[i] for i in self.hidden_layers], dim=-1)[:, :-1]
                 embeds = head.embed(row[:, 1:])

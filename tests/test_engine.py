@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from specdec.arguments import prepare_generation
-from specdec.draft_length import ChainPlan
+from specdec.chains import ChainPlan
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.engine import speculative_generate
 from specdec.protocol import DraftPlan, Drafts
 from specdec.trees.config import TreeConfig
 from specdec.trees.plan import TreePlan
 from specdec.verification import verify
-from specdec.verifiers import CausalLMRunner
+from specdec.runners import CausalLMRunner
 from tiny_models import make_model, perturbed_copy
 
 IDS = torch.tensor([[5, 9, 14, 3, 7, 5, 9]])

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.drafters import Commit, Drafter, Proposal
+from specdec.drafters import Commit, Drafter, DraftChain
 from tiny_models import make_model
 
 PROMPT = torch.tensor([[5, 9, 14, 3, 27, 8]], device="cpu")
@@ -21,7 +21,7 @@ class RecordingDrafter(Drafter):
         self.seen = [("start", input_ids.clone(), hidden)]
 
     def propose(self, rows, k, ctx):
-        return Proposal(torch.full((len(rows), k), 7, dtype=torch.long, device=rows.device))
+        return DraftChain(torch.full((len(rows), k), 7, dtype=torch.long, device=rows.device))
 
     def commit(self, update: Commit):
         self.seen.append(("commit", [r.clone() for r in update.rows], update.added.clone(), update.hidden))

@@ -45,7 +45,7 @@ def test_derived_drafter_adopts_the_verifier_prompt_cache(batch):
 
 def test_other_layouts_do_not_adopt():
     from specdec.drafters import ModelDrafter
-    from specdec.verifiers.hf import shares_kv_layout
+    from specdec.runners.hf import shares_kv_layout
 
     llama, gpt2 = make_model("llama"), make_model("gpt2")
     assert not shares_kv_layout(llama.config, gpt2.config)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 
 import pytest
 import torch
@@ -27,14 +26,13 @@ from specdec.quant import (
     scheme_backend,
 )
 from specdec.quant.backends import Int4WeightOnlyLinear, Int8WeightOnlyLinear, int4_group_for
-from specdec.quant.report import (
+from specdec.quant_report import (
     add_quant_report_arguments,
     load_prompts,
     quant_report,
     run_quant_report,
-    tokens_per_pass,
 )
-from specdec.verifiers.cache import cache_argument
+from specdec.runners.cache import cache_argument
 
 VOCAB = 128
 HAS_CUDA = torch.cuda.is_available()
@@ -400,12 +398,6 @@ class _ToyTokenizer:
         return argparse.Namespace(input_ids=ids)
 
 
-def test_tokens_per_pass():
-    assert tokens_per_pass(1.0, 4) == 5
-    assert math.isclose(tokens_per_pass(0.5, 1), 1.5)
-    assert math.isclose(tokens_per_pass(0.9, 4), (1 - 0.9**5) / 0.1)
-
-
 def test_load_prompts_formats(tmp_path):
     f = tmp_path / "p.jsonl"
     rows = [
@@ -435,7 +427,7 @@ def test_quant_report_on_tiny_model(model):
 
 
 def test_cli_hooks_json_last_line(tmp_path, capsys, monkeypatch):
-    import specdec.quant.report as report
+    import specdec.quant_report as report
 
     tiny = tiny_llama()
     monkeypatch.setattr(report, "load_model", lambda path=None, device="cpu": (tiny, _ToyTokenizer()))
@@ -459,7 +451,7 @@ def test_cli_hooks_json_last_line(tmp_path, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from specdec.quant.report import load_model
+    from specdec.quant_report import load_model
 
     try:
         return load_model()
@@ -471,7 +463,7 @@ def smollm2():
 def test_smollm2_quantized_copies(smollm2):
     """The embedded SmolLM2: the default drafter schemes agree with fp32, are small, share the
     embedding table, and leave the verifier's outputs unchanged."""
-    from specdec.quant.report import _greedy_references, measure_agreement
+    from specdec.quant_report import _greedy_references, measure_agreement
 
     model, tok = smollm2
     refs = _greedy_references(model, tok, ["Explain what a hash table is."], 16)

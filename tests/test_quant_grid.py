@@ -174,7 +174,7 @@ class _ToyTokenizer:
 
 
 def _report(model, monkeypatch, capsys) -> tuple[dict, list[str]]:
-    import specdec.quant.report as report
+    import specdec.quant_report as report
 
     monkeypatch.setattr(report, "load_model", lambda path=None, device="cpu": (model, _ToyTokenizer()))
     args = report.add_quant_report_arguments(argparse.ArgumentParser()).parse_args(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import specdec.quant.report as report
+import specdec.quant_report as report
 from specdec.cli import main
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import specdec
-from specdec.draft_length import expected_tokens
 from specdec.drafters import AcceptanceProfile, Drafter, ModelDrafter, PromptLookupDrafter, SimulatedDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.simulated import SHIPPED_HEAD_RATES
+from specdec.metrics import expected_tokens
 from tiny_models import left_padded, make_model, perturbed_copy
 
 KW = dict(do_sample=False, eos_token_id=None, pad_token_id=0)

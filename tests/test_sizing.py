@@ -15,7 +15,7 @@ from specdec import sizing
 from specdec.sizing import GiB, PlanError, presets
 from specdec.sizing.weights import _weight_model
 from specdec.slots import cache_slots
-from specdec.verifiers.cache import cache_argument
+from specdec.runners.cache import cache_argument
 
 # --------------------------------------------------------------------------------------------
 # published arithmetic
@@ -453,7 +453,7 @@ def tiny_models():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("key", list(TINY_CONFIGS))
 def test_managed_cache_bytes_equal_the_allocated_bytes(tiny_models, key, dtype):
-    from specdec.verifiers.cache import ManagedCache
+    from specdec.runners.cache import ManagedCache
 
     config, model = tiny_models[key]
     model = model.to(dtype)

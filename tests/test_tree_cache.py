@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specdec.verifiers import CausalLMRunner, UnsupportedModelError
+from specdec.runners import CausalLMRunner, UnsupportedModelError
 from tiny_models import VOCAB, make_model
 
 MODELS = {arch: make_model(arch) for arch in ("llama", "gpt2", "qwen3")}

@@ -11,11 +11,11 @@ import torch
 import transformers as tf
 
 import specdec
-import specdec.api  # the tests patch names in it (the package imports it lazily)
+import specdec.strategy  # the tests patch names in it (the package imports it lazily)
 from specdec.drafters import CompositeDrafter, ModelDrafter, PromptLookupDrafter
 from specdec.trees import TreeConfig, parse_tree
-from specdec.trees.sizing import VerifyCost, measure_verify_cost
-from specdec.verifiers import CausalLMRunner, UnsupportedModelError
+from specdec.trees.auto import VerifyCost, measure_verify_cost
+from specdec.runners import CausalLMRunner, UnsupportedModelError
 from tiny_models import COMMON, VOCAB, make_model, perturbed_copy
 
 FLAT = VerifyCost((1, 64), (0.010, 0.011))
@@ -111,7 +111,7 @@ def test_auto_measures_its_cost_curve_once_under_concurrent_calls(monkeypatch):
         time.sleep(0.3)  # widens the window in which other threads would start measuring too
         return VerifyCost((1, 64), (0.010, 0.011 + 0.001 * len(calls)))  # each measurement a different curve
 
-    monkeypatch.setattr(specdec.api, "measure_verify_cost", slow_measure)
+    monkeypatch.setattr(specdec.strategy, "measure_verify_cost", slow_measure)
     spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.2), tree="auto")
     outputs = [None] * 4
 
@@ -133,7 +133,7 @@ def test_auto_measures_its_cost_curve_once_under_concurrent_calls(monkeypatch):
 def test_measure_tree_cost_is_public_and_idempotent(monkeypatch):
     model = make_model("llama")
     calls = []
-    monkeypatch.setattr(specdec.api, "measure_verify_cost", lambda runner, *a, **k: calls.append(1) or FLAT)
+    monkeypatch.setattr(specdec.strategy, "measure_verify_cost", lambda runner, *a, **k: calls.append(1) or FLAT)
     spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), tree="auto")
     assert spec.measure_tree_cost() is FLAT and spec.measure_tree_cost() is FLAT and len(calls) == 1
     _greedy(model, spec)
@@ -151,7 +151,7 @@ def test_eval_measures_auto_cost_before_the_first_timed_call(monkeypatch, tmp_pa
     from tiny_models import char_tokenizer
 
     events: list[str] = []
-    monkeypatch.setattr(specdec.api, "measure_verify_cost", lambda runner, *a, **k: events.append("measure") or FLAT)
+    monkeypatch.setattr(specdec.strategy, "measure_verify_cost", lambda runner, *a, **k: events.append("measure") or FLAT)
     timed = eval_measure.Runner._specdec
 
     def spy(self, *args, **kwargs):
@@ -188,8 +188,8 @@ def test_deep_tree_slots_are_sized_by_the_call(monkeypatch):
     """depth=10**7 with 12 new tokens once asked for 76 GiB of cache: it must fit a small budget and stay exact."""
     model = make_model("llama")
     seen = []
-    check = specdec.api.check_fits
-    monkeypatch.setattr(specdec.api, "check_fits", lambda *a, **k: seen.append(k["max_len"]) or check(*a, **k))
+    check = specdec.strategy.check_fits
+    monkeypatch.setattr(specdec.strategy, "check_fits", lambda *a, **k: seen.append(k["max_len"]) or check(*a, **k))
     tree = {"mode": "dynamic", "top_k": 4, "depth": 10**7, "total_tokens": 10**7}
     spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), tree=tree, memory_budget="256MiB")
     ref = model.generate(IDS, max_new_tokens=12, do_sample=False, pad_token_id=0)
@@ -208,7 +208,7 @@ def test_seeded_auto_sizes_with_the_measured_draft_step_and_it_can_be_pinned():
     first = specdec.SpeculativeModel(model, draft, tree="auto")
     out = first.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs)
     step = first.last_stats.tree["draft_step_s"]
-    assert step == first._draft_step > 0  # measured on a short call: a model drafter's pass takes time
+    assert step == first.strategy.draft_step > 0  # measured on a short call: a model drafter's pass takes time
     assert first.last_stats.draft_seconds > 0
     pinned = specdec.SpeculativeModel(model, draft, tree="auto", tree_cost=first.tree_cost, tree_draft_step=step)
     assert torch.equal(pinned.generate(ids, generator=torch.Generator().manual_seed(3), **kwargs), out)

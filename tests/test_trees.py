@@ -7,14 +7,14 @@ from transformers import LogitsProcessorList
 
 import specdec
 from specdec.drafters import CompositeDrafter, ModelDrafter, PromptLookupDrafter
-from specdec.drafters.base import DraftContext, Drafter, Proposal, Rows
+from specdec.drafters.base import DraftContext, Drafter, DraftChain, Rows
 from specdec.drafters.eagle import EagleDrafter
 from specdec.trees import TreeConfig, parse_tree
 from specdec.trees import accept as tree_accept
 from specdec.trees.build import TreeShape
-from specdec.trees.sizing import TreeSizer, VerifyCost, measure_verify_cost
+from specdec.trees.auto import TreeSizer, VerifyCost, measure_verify_cost
 from specdec.trees.tree import DraftTree, RowTree, pack
-from specdec.verifiers import CausalLMRunner, UnsupportedModelError
+from specdec.runners import CausalLMRunner, UnsupportedModelError
 from test_eagle import _batch, _random_head
 from test_sampling import ALPHA, _chi2, _exact_joint, _tiny_vocab_model
 from tiny_models import CONFIGS, make_model, perturbed_copy
@@ -84,7 +84,7 @@ def test_model_drafter_cache_after_a_tree_equals_a_fresh_prefill():
         def _catch_up(self, rows):
             logits = super()._catch_up(rows)
             for b, row in enumerate(rows):
-                real = row[self._pads[b]:].unsqueeze(0)
+                real = row[rows.pads[b]:].unsqueeze(0)
                 ref = self.model(real).logits[0, -1]
                 torch.testing.assert_close(logits[b], ref, rtol=1e-4, atol=1e-4)
                 Checked.checks += 1
@@ -124,7 +124,7 @@ def test_bad_tree_options_get_clear_errors():
 
     class ChainOnly(Drafter):
         def propose(self, rows, k, ctx):
-            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
+            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
 
     with pytest.raises(ValueError, match="ChainOnly cannot draft trees"):
         specdec.SpeculativeModel(model, ChainOnly(), tree="static")
@@ -383,7 +383,7 @@ def _chain_and_sibling(depth: int, p: float, sibling: float) -> DraftTree:
 def test_edge_calibration_learns_what_greedy_accepts_by_rank():
     """A drafter whose top child is always accepted at p 0.4 and whose second never is: one factor for every
     node (the model before) values depth d at ~0.4^d; the edge calibration learns top children ~1, others ~0."""
-    from specdec.trees.sizing import edges
+    from specdec.trees.auto import edges
 
     tree = _chain_and_sibling(5, 0.4, 0.3)
     parents, values = tree.parents[0].tolist(), tree.values[0].tolist()
@@ -427,7 +427,7 @@ def test_measure_verify_cost_repeats_short_passes_and_keeps_the_monotone_envelop
     never costed above a longer one (the first H100 check measured 16 tokens cheaper than 1)."""
     import types
 
-    import specdec.trees.sizing as sizing
+    import specdec.trees.auto as sizing
 
     clock = [0.0]
     cost = {1: 0.016, 4: 0.018, 16: 0.013, 32: 0.022}  # 16 dips below 1 and 4

@@ -6,10 +6,10 @@ The pass runs on a real cache session of a tiny model; the expected tokens are t
 import torch
 
 from specdec.arguments import prepare_generation
-from specdec.protocol import Commit, Proposal, Rows
+from specdec.protocol import Commit, DraftChain, Rows
 from specdec.trees.tree import DraftTree
 from specdec.verification import verify
-from specdec.verifiers import CausalLMRunner
+from specdec.runners import CausalLMRunner
 from tiny_models import make_model
 
 PROMPT = torch.tensor([[5, 9, 14, 3, 7]])
@@ -43,7 +43,7 @@ def _next_logits_equal_a_fresh_forward(model, cache, rows, v):
 def test_a_chain_of_the_models_own_tokens_is_accepted_whole():
     model = make_model("llama")
     greedy = _greedy(model, 5)
-    cache, rows, fed, v = _pass(model, Proposal(torch.tensor([greedy[1:4]])))
+    cache, rows, fed, v = _pass(model, DraftChain(torch.tensor([greedy[1:4]])))
     assert v.accepted.tolist() == [3] and v.tokens[0].tolist() == greedy[1:5]  # 3 drafts + the bonus token
     v.keep(cache, Commit(rows, v.accepted, v.accepted + 1))
     assert cache.counts.tolist() == [fed.item() + 4]
@@ -54,7 +54,7 @@ def test_a_wrong_first_draft_commits_the_verifiers_token_and_rolls_back():
     model = make_model("llama")
     greedy = _greedy(model, 3)
     wrong = (greedy[1] + 1) % 90 + 3
-    cache, rows, fed, v = _pass(model, Proposal(torch.tensor([[wrong, greedy[2]]])))
+    cache, rows, fed, v = _pass(model, DraftChain(torch.tensor([[wrong, greedy[2]]])))
     assert v.accepted.tolist() == [0] and v.tokens[0, 0].item() == greedy[1]
     v.keep(cache, Commit(rows, v.accepted, v.accepted + 1))
     assert cache.counts.tolist() == [fed.item() + 1]  # the root only: the rejected drafts are gone

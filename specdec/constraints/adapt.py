@@ -13,9 +13,10 @@ import torch
 from transformers import LogitsProcessor
 
 from specdec.constraints.base import BatchConstraint, PrefixConstraint
+from specdec.errors import SpecdecError
 
 
-class UnsupportedProcessorError(TypeError):
+class UnsupportedProcessorError(SpecdecError, TypeError):
     """A logits processor that keeps state between calls and that specdec cannot keep exact."""
 
 

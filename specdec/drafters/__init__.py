@@ -8,7 +8,8 @@ import torch
 
 from specdec.draft_spec import COMPOSITE_DEFAULT_SCHEME, DraftSpec, DraftSpecError, DrafterKind, forms, parse_draft
 from specdec.draft_spec import register_drafter, register_kind
-from specdec.drafters.base import Commit, DraftContext, Drafter, Proposal, Rows
+from specdec.draft_registry import DrafterTypeError, what
+from specdec.drafters.base import Commit, DraftChain, DraftContext, Drafter, Proposal, Rows
 from specdec.drafters.model import ModelDrafter, VocabularyMismatchError, check_vocab_compat, from_module
 from specdec.drafters.composite import CompositeDrafter
 from specdec.drafters.layer_skip import LayerSkipDrafter
@@ -30,6 +31,7 @@ __all__ = [
     "ModelDrafter",
     "OracleDrafter",
     "PromptLookupDrafter",
+    "DraftChain",
     "Proposal",
     "Rows",
     "SimulatedDrafter",
@@ -70,4 +72,18 @@ def resolve_drafter(
                         f"specdec.drafters.Drafter, a causal LM, or a drafter name: {forms()}")
     spec = parse_draft(draft)
     built = spec.declared.build(spec, verifier, verifier_tokenizer, draft_tokenizer)
+    if not isinstance(built, str):
+        _check_built(spec.declared.name, built)
     return resolve_drafter(built, verifier, verifier_tokenizer=verifier_tokenizer, draft_tokenizer=draft_tokenizer)
+
+
+def _check_built(prefix: str, built: Any) -> None:
+    """Raise :class:`DrafterTypeError` unless a kind's builder returned a drafter or a causal LM."""
+    if isinstance(built, Drafter):
+        return
+    if isinstance(built, torch.nn.Module) and hasattr(built, "config") \
+            and callable(getattr(built, "get_output_embeddings", None)) and built.get_output_embeddings() is not None:
+        return
+    raise DrafterTypeError(f"the builder registered for drafter prefix {prefix!r} returned {what(built)}: it must "
+                           "return a specdec.drafters.Drafter, a causal LM (a model with a config and an LM head, "
+                           "e.g. AutoModelForCausalLM), or another drafter's name")

@@ -5,7 +5,7 @@ and the evaluation never probe a drafter with ``hasattr``. A drafter's life in o
 
     d = drafter.for_call()                 # per-call copy: one SpeculativeModel serves many threads
     d.start(input_ids, mask, max_len, verifier=<verifier cache>, hidden=<prompt hidden states>)
-    loop: d.propose(rows, k, ctx) -> Proposal
+    loop: d.propose(rows, k, ctx) -> DraftChain
           d.commit(Commit(rows, accepted, added, hidden=..., path=...))
           d.keep_rows(index)             # finished rows leave the batch
     d.finish()
@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specdec.protocol import Commit, DraftContext, Drafts, Proposal, Rows
+from specdec.protocol import Commit, DraftChain, DraftContext, Drafts, Proposal, Rows
 
 # the loop's types live in specdec.protocol; drafter authors may import them from here too
-__all__ = ["Commit", "DraftContext", "Drafter", "Drafts", "Proposal", "Rows", "WrappingDrafter"]
+__all__ = ["Commit", "DraftChain", "DraftContext", "Drafter", "Drafts", "Proposal", "Rows", "WrappingDrafter"]
 
 if TYPE_CHECKING:
     from specdec.trees.build import TreeShape
     from specdec.trees.tree import DraftTree
-    from specdec.verifiers.hf import CacheSession
+    from specdec.runners.hf import CacheSession
 
 
 class Drafter:
@@ -63,6 +63,19 @@ class Drafter:
     def prime(self) -> None:
         """Compile now (dummy forwards) rather than in the first calls; nothing to do by default."""
 
+    def check_tree_masks(self) -> None:
+        """Raise ``UnsupportedModelError`` now if a model this drafter feeds tree masks to would ignore them (a
+        model drafter's own); nothing to check by default."""
+
+    def cost_ratio(self, verifier: torch.nn.Module) -> float:
+        """A clock-free guess of one draft token's cost in verifier passes (adaptive k's prior and its seeded
+        calls' whole cost model): the bytes of :attr:`model` over the verifier's; nearly free without a model."""
+        from specdec.quant.memory import model_bytes  # counts packed int4/int8 weights at their real size
+
+        if self.model is None:
+            return 0.02
+        return min(1.0, max(0.02, model_bytes(self.model) / max(model_bytes(verifier), 1)))
+
     def for_call(self) -> "Drafter":
         """A drafter for one ``generate`` call: shares weights and compiled graphs, owns its per-call
         state, so concurrent calls on one :class:`~specdec.SpeculativeModel` do not collide."""
@@ -75,7 +88,7 @@ class Drafter:
         may start from it); ``hidden`` the verifier's prompt hidden states, when :attr:`hidden_layers` asks."""
         self.forwards = 0
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         """Return up to ``k`` draft tokens per row, as a ``[batch, k']`` tensor (``k' <= k``)."""
         raise NotImplementedError
 
@@ -134,6 +147,12 @@ class WrappingDrafter(Drafter):
     def prime(self) -> None:
         self.inner.prime()
 
+    def check_tree_masks(self) -> None:
+        self.inner.check_tree_masks()
+
+    def cost_ratio(self, verifier: torch.nn.Module) -> float:
+        return self.inner.cost_ratio(verifier)
+
     def for_call(self) -> "WrappingDrafter":
         call = copy.copy(self)
         call.inner = self.inner.for_call()
@@ -143,7 +162,7 @@ class WrappingDrafter(Drafter):
               verifier: "CacheSession | None" = None, hidden: torch.Tensor | None = None) -> None:
         self.inner.start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         return self.inner.propose(rows, k, ctx)
 
     def propose_tree(self, rows: Rows, shape: "TreeShape", ctx: DraftContext) -> "DraftTree":

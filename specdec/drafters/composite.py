@@ -7,12 +7,12 @@ import copy
 import torch
 
 from specdec.drafters.base import Drafter, WrappingDrafter
-from specdec.protocol import DraftContext, Proposal, Rows
+from specdec.protocol import DraftContext, DraftChain, Rows
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.trees.build import TreeShape
 from specdec.transfer import upload
 from specdec.trees.tree import DraftTree, RowTree, pack
-from specdec.verifiers.session import CacheSession
+from specdec.runners.session import CacheSession
 
 
 #: the n-gram sizes (shortest, longest) a composite's own lookup tries
@@ -52,7 +52,7 @@ class CompositeDrafter(WrappingDrafter):
         self.lookup.start(input_ids, attention_mask, max_len)
         self.model_drafter.start(input_ids, attention_mask, max_len, verifier=verifier, hidden=hidden)
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         copied = self.lookup.propose(rows, k, ctx)
         if copied.num_tokens >= min(self.min_match, k) > 0:
             self.lookup_steps += 1

@@ -19,8 +19,8 @@ import torch
 
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
-from specdec.protocol import Commit, DraftContext, Proposal, Rows
-from specdec.verifiers.static import COMPILE_ERRORS
+from specdec.protocol import Commit, DraftContext, DraftChain, Rows
+from specdec.runners.static import COMPILE_ERRORS
 from specdec.drafters.model import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
 from specdec.heads.static_draft import draft_chain, region_steps
@@ -46,7 +46,6 @@ class EagleDrafter(Drafter):
         self.hidden_layers = (layers,) if head.config.kind == "eagle" else tuple(head.config.aux_layers)
         self._cache: HeadCache | None = None
         self._pending: list[torch.Tensor] = []  # per row: features whose next token was not yet fed
-        self._pads: list[int] = []  # per row: left padding of its prompt
         self._committed: torch.Tensor | None = None
         self._pending_counts: torch.Tensor | None = None  # len of each row's pending, on the device, when known there
         self._lengths: list[int] = []  # host mirror of the head cache's lengths
@@ -131,16 +130,16 @@ class EagleDrafter(Drafter):
             raise ValueError("an EAGLE drafter needs the verifier's prompt hidden states (start(hidden=...))")
         self.forwards = 0
         batch = input_ids.shape[0]
-        self._pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
+        pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
         c, p = self.head.config, next(self.head.parameters())
         # static drafts: slots rounded up (calls of similar lengths share graphs), with room for a feed and the drafts
         slots = -(-(max_len + 1 + _STATIC_ROOM) // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP if self.static_draft \
             else max_len + 1
         self._cache = HeadCache(len(self.head.decoder_layers), batch, slots, c.num_key_value_heads, c.head_dim,
                                 p.dtype, p.device)
-        self._pads_t = upload(self._pads, torch.long, p.device) if self.static_draft else None
+        self._pads_t = upload(pads, torch.long, p.device) if self.static_draft else None
         self._fed_hidden, self._steps = None, 1
-        self._pending = [hidden[b, pad:] for b, pad in enumerate(self._pads)]
+        self._pending = [hidden[b, pad:] for b, pad in enumerate(pads)]
         self._pending_counts = None
         self._committed = self._cache.lengths.clone()
         self._lengths = [0] * batch  # host mirror of the cache's lengths: the loop never reads them back
@@ -153,7 +152,7 @@ class EagleDrafter(Drafter):
         feats = torch.zeros(len(rows), width, self._pending[0].shape[-1], dtype=self._pending[0].dtype, device=device)
         tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)
         for b, (pending, n) in enumerate(zip(self._pending, counts)):
-            start = self._pads[b] + lengths[b] + 1  # the token after slot lengths[b], in the padded row
+            start = rows.pads[b] + lengths[b] + 1  # the token after slot lengths[b], in the padded row
             feats[b, :n] = pending
             tokens[b, :n] = rows[b][start:start + n]
         out = self._run(tokens, feats, own=False)
@@ -188,9 +187,9 @@ class EagleDrafter(Drafter):
                 self._compiled.clear()  # the dict is shared: every per-call copy goes eager
         return eager(*args)
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         if k <= 0:
-            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
+            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
         if self.static_draft and not (ctx.do_sample or ctx.processors) and self._fed_hidden is not None:
             # the feed must fit, and one region serves the call: passes that ask for fewer drafts (the last ones,
             # an adaptive k) run the widest region met and drop the extra drafts
@@ -217,9 +216,9 @@ class EagleDrafter(Drafter):
                     out = self._run(token.unsqueeze(1), out, own=True)
                     self._cache.lengths = self._cache.lengths + 1
                     self._lengths = [length + 1 for length in self._lengths]
-        return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+        return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
-    def _propose_static(self, rows: Rows, k: int, steps: int) -> Proposal:
+    def _propose_static(self, rows: Rows, k: int, steps: int) -> DraftChain:
         """:meth:`propose` through the fixed-shape region: the feed padded to ``steps + 1``, ``steps`` drafts of which
         the first ``k`` are proposed. Outputs are copied: a replayed graph reuses its output memory."""
         cache, width = self._cache, steps + 1
@@ -234,7 +233,7 @@ class EagleDrafter(Drafter):
         self._lengths = [n + len(p) for n, p in zip(self._lengths, self._pending)]
         self._committed_lengths = list(self._lengths)
         self._pending, self._pending_counts, self._fed_hidden = [], None, None
-        return Proposal(drafts[:, :k].clone())
+        return DraftChain(drafts[:, :k].clone())
 
     def _chain_region(self, steps: int) -> str:
         """The name of the compiled region drafting ``steps`` (compiled at first use; nothing once compiling failed).
@@ -296,7 +295,6 @@ class EagleDrafter(Drafter):
         self._cache.keep_rows(indices)
         self._committed = self._committed.index_select(0, indices.to(self._committed.device))
         index = indices.tolist()
-        self._pads = [self._pads[i] for i in index]
         self._lengths = [self._lengths[i] for i in index]
         self._committed_lengths = [self._committed_lengths[i] for i in index]
         if self._pads_t is not None:

@@ -10,19 +10,20 @@ from transformers import PreTrainedModel
 
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
-from specdec.protocol import Commit, DraftContext, Proposal, Rows
+from specdec.errors import SpecdecError
+from specdec.protocol import Commit, DraftContext, DraftChain, Rows
 from specdec.processing import RowContext
 from specdec.trees.build import TreeShape, grow_tree
 from specdec.trees.tree import DraftTree
-from specdec.verifiers.hf import CausalLMRunner, lm_head_rows, shares_kv_layout
-from specdec.verifiers.session import CacheSession
+from specdec.runners.hf import CausalLMRunner, lm_head_rows, shares_kv_layout
+from specdec.runners.session import CacheSession
 
 # Vocabulary sizes may differ by embedding padding (rounded up to a multiple of 64/128...);
 # a larger gap means a different tokenizer.
 _MAX_VOCAB_PADDING = 1024
 
 
-class VocabularyMismatchError(ValueError):
+class VocabularyMismatchError(SpecdecError, ValueError):
     """The drafter and the verifier do not speak the same token ids."""
 
 
@@ -113,7 +114,6 @@ class ModelDrafter(Drafter):
         self.reuse_verifier_prompt = reuse_verifier_prompt
         self._session: CacheSession | None = None
         self._fed: list[int] = []  # per row: tokens (left padding included) whose keys are cached
-        self._pads: list[int] = []
         self._drafts_fed: int | None = None  # drafts fed at our last proposal, None once committed (or not ours)
         self._adopted = False
         self._tree_fed: list[list[int]] | None = None  # per row: feed position of each tree node (-1: not fed)
@@ -131,6 +131,9 @@ class ModelDrafter(Drafter):
         """Compile now rather than in the first calls (see :meth:`CausalLMRunner.prime`)."""
         self.runner.prime()
 
+    def check_tree_masks(self) -> None:
+        self.runner.check_tree_masks()  # a tree feeds this model tree masks, as it feeds the verifier
+
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
               verifier: CacheSession | None = None, hidden: torch.Tensor | None = None) -> None:
         adopt = (self.reuse_verifier_prompt and verifier is not None and verifier.length == input_ids.shape[1]
@@ -141,7 +144,6 @@ class ModelDrafter(Drafter):
         else:
             self._session, _ = self.runner.prefill(input_ids, attention_mask, max_len)
             self.forwards = 1
-        self._pads = [0] * input_ids.shape[0] if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
         self._fed = [input_ids.shape[1]] * input_ids.shape[0]
         self._drafts_fed = None
 
@@ -166,9 +168,9 @@ class ModelDrafter(Drafter):
     def _extra(self) -> dict:
         return {"logits_to_keep": 1} if self.runner.keep_logits else {}
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         if k <= 0:
-            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
+            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
         logits = self._catch_up(rows)
         ids, tokens, probs, fed = rows.contexts(), [], [], 0
         for i in range(k):
@@ -191,7 +193,7 @@ class ModelDrafter(Drafter):
                 fed += 1
         self._drafts_fed = fed
         self._fed = [rows.length(b) + fed for b in range(len(rows))]
-        return Proposal(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+        return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
         root = self._catch_up(rows)
@@ -247,7 +249,6 @@ class ModelDrafter(Drafter):
         self._session.keep_rows(indices)
         index = indices.tolist()
         self._fed = [self._fed[i] for i in index]
-        self._pads = [self._pads[i] for i in index]
 
     def finish(self) -> None:
         if self._session is not None:

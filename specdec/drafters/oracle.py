@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from specdec.drafters.base import Drafter
-from specdec.protocol import DraftContext, Proposal, Rows
+from specdec.protocol import DraftContext, DraftChain, Rows
 
 
 class OracleDrafter(Drafter):
@@ -69,7 +69,7 @@ class OracleDrafter(Drafter):
             table = self._on_device[device] = self._table.to(device)
         return table
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         owners = rows.owners
         if any(o >= len(self._lengths) for o in owners):
             raise ValueError(f"OracleDrafter knows {len(self._lengths)} row(s); the call has row {max(owners)}")
@@ -77,8 +77,8 @@ class OracleDrafter(Drafter):
         counts = [max(0, min(k, self._lengths[o] - s)) for o, s in zip(owners, starts)]
         width = max(counts, default=0)
         if width == 0:
-            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
+            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
         # a row with fewer tokens left repeats its last expected one; gather makes a copy of the table's entries
         index = [[min(s + j, self._lengths[o] - 1) for j in range(width)] for o, s in zip(owners, starts)]
         table = self._device_table(rows.device)[torch.tensor(owners, dtype=torch.long, device="cpu").to(rows.device)]
-        return Proposal(table.gather(1, torch.tensor(index, dtype=torch.long, device="cpu").to(rows.device)))
+        return DraftChain(table.gather(1, torch.tensor(index, dtype=torch.long, device="cpu").to(rows.device)))

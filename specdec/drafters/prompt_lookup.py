@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from specdec.drafters.base import Drafter
-from specdec.protocol import DraftContext, Proposal, Rows
+from specdec.protocol import DraftContext, DraftChain, Rows
 from specdec.trees.build import TreeShape
 from specdec.transfer import upload
 from specdec.trees.tree import DraftTree, RowTree, pack
@@ -70,32 +70,26 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.min_ngram, self.max_ngram, self.max_draft, self.window = min_ngram, max_ngram, max_draft, window
-        self._pads: list[int] = []
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
-              verifier: object = None, hidden: torch.Tensor | None = None) -> None:
-        batch = input_ids.shape[0]
-        self._pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
-
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         if self.max_draft is not None:
             k = min(k, self.max_draft)
         drafts = [found[0] if found else [] for found in self.branches(rows, k, 1)]
         width = max((len(d) for d in drafts), default=0)
         if width == 0:
-            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
+            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
         # Rows with shorter drafts repeat their last token (or the row's last token): any proposal is
         # safe, since only what the verifier agrees with is kept.
         padded = [d + [(d or rows.host(b)[-1:])[-1]] * (width - len(d)) for b, d in enumerate(drafts)]
         tokens = upload(padded, torch.long, rows.device)
         if ctx.vocab_size is not None:
             tokens = tokens.clamp(max=ctx.vocab_size - 1)
-        return Proposal(tokens)
+        return DraftChain(tokens)
 
     def branches(self, rows: Rows, depth: int, limit: int) -> list[list[list[int]]]:
         """Per row, up to ``limit`` different continuations (``depth`` tokens at most) of its suffix n-grams."""
         out = []
-        for b, pad in enumerate(self._pads):
+        for b, pad in enumerate(rows.pads):
             ids = rows.host(b)  # the engine's host copy: no device read
             context = ids[max(pad, len(ids) - self.window) :]
             out.append(continuations(context, depth, self.min_ngram, self.max_ngram, limit) if depth > 0 else [])
@@ -111,6 +105,3 @@ class PromptLookupDrafter(Drafter):
             weights = shape.weights(tree.parents, tree.values)
             trees.append(tree.best(shape.select(sorted(weights, reverse=True), 0), weights) if len(tree) else tree)
         return pack(trees, rows.device, ctx.vocab_size)
-
-    def keep_rows(self, indices: torch.Tensor) -> None:
-        self._pads = [self._pads[i] for i in indices.tolist()]

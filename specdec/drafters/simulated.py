@@ -31,19 +31,19 @@ from typing import Any, Sequence
 
 import torch
 
-from specdec.draft_length import expected_tokens
-from specdec.drafters.base import DraftContext, Drafter, Proposal, Rows, WrappingDrafter
+from specdec.drafters.base import DraftContext, Drafter, DraftChain, Rows, WrappingDrafter
+from specdec.metrics import expected_tokens
 from specdec.transfer import upload
 
 #: Conditional acceptance per draft position (position j: P(draft j accepted | drafts 0..j-1 accepted)) of the
 #: shipped head (``eagle``: head-v2, shipped from BENCHMARKS.md section 18 on), greedy chain k=5 on Spec-Bench
 #: (30 prompts, 128 new tokens, SmolLM2 fp32 verifier): ``accepted_per_position[j] / accepted_per_position[j - 1]``
 #: (``/ proposed_per_position[0]`` at j = 0) pooled over the records of ``specdec[eagle:runs/head-v2,k=5]`` in
-#: ``benchmarks/results/issue24/head-v2-final/eval-greedy/records.jsonl`` (accepted 683, 303, 127, 68, 36 of 1,850
+#: ``benchmarks/results/heads/head-v2-final/eval-greedy/records.jsonl`` (accepted 683, 303, 127, 68, 36 of 1,850
 #: first drafts; 1.65 tokens a pass measured, 1.66 expected from these rates).
 SHIPPED_HEAD_RATES = (0.369, 0.444, 0.419, 0.535, 0.529)
 SHIPPED_HEAD_SOURCE = ("BENCHMARKS.md section 18: head-v2 (shipped `eagle`), Spec-Bench greedy chain k=5, "
-                       "benchmarks/results/issue24/head-v2-final/eval-greedy/records.jsonl")
+                       "benchmarks/results/heads/head-v2-final/eval-greedy/records.jsonl")
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class AcceptanceProfile:
     @classmethod
     def for_tokens_per_pass(cls, target: float, k: int) -> "AcceptanceProfile":
         """The constant ``a`` whose pass of ``k`` drafts commits ``target`` tokens on average:
-        ``(1 - a**(k+1)) / (1 - a) == target`` (:func:`specdec.draft_length.expected_tokens`), by bisection."""
+        ``(1 - a**(k+1)) / (1 - a) == target`` (:func:`specdec.metrics.expected_tokens`), by bisection."""
         if k < 1 or not 1.0 <= target <= k + 1:
             raise ValueError(f"tokens per pass must lie in [1, k + 1] = [1, {k + 1}] for k={k}, got {target}")
         lo, hi = 0.0, 1.0
@@ -239,13 +239,13 @@ class SimulatedDrafter(WrappingDrafter):
         flat = [t for r in padded for t in r] + [t for r in wrong for t in r]
         self._table = upload(flat, torch.long, input_ids.device)
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         if ctx.do_sample:
             raise ValueError("SimulatedDrafter simulates greedy decoding only (do_sample=False): under sampling the "
                              "verifier's next token is not known in advance")
         self.inner.propose(rows, k, ctx)  # the real drafter's full cost; its tokens are replaced below
         if k <= 0:
-            return Proposal(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
+            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
         index = []
         wrong_base = self._batch * self._width
         for b, owner in enumerate(rows.owners):
@@ -260,7 +260,7 @@ class SimulatedDrafter(WrappingDrafter):
             last = max(self._lengths[owner] - 1, 0)
             index.append([base + done + j if j < accepted else wrong_base + base + min(done + j, last)
                           for j in range(k)])
-        return Proposal(torch.take(self._table, upload(index, torch.long, rows.device)))
+        return DraftChain(torch.take(self._table, upload(index, torch.long, rows.device)))
 
     # commit and keep_rows are the inner drafter's: the accepted counts are those a real drafter of this acceptance
     # would see, and this drafter finds rows by owner, so nothing of its own moves

@@ -8,7 +8,8 @@
 >>> print(report)                                           # the markdown report
 
 Modules: :mod:`~specdec.eval.config` (:class:`EvalConfig`), :mod:`~specdec.eval.methods` (methods,
-drafters for both sides), :mod:`~specdec.eval.measure` (timing one generation),
+drafters for both sides), :mod:`~specdec.eval.baselines` (the baselines, one declaration each:
+:func:`register_baseline` adds one), :mod:`~specdec.eval.measure` (timing one generation),
 :mod:`~specdec.eval.records` (the output directory, resume checks), :mod:`~specdec.eval.runner` (the
 loop), :mod:`~specdec.eval.json_schema` (JSON answers: schema constraints and validity),
 :mod:`~specdec.eval.report` and :mod:`~specdec.eval.plots`; prompts come from :mod:`specdec.prompts`.
@@ -19,6 +20,7 @@ are imported only when used.
 """
 
 from specdec.drafters import register_drafter  # the one drafter registry; re-exported here for older code
+from specdec.eval.baselines import Baseline, register_baseline, registered_baseline, unregister_baseline
 from specdec.eval.config import EvalConfig
 from specdec.eval.json_schema import SchemaConstraints, SchemaError, check_output, is_valid
 from specdec.eval.methods import MethodSpec, ResolvedDraft, plan_methods, resolve_draft
@@ -29,6 +31,7 @@ from specdec.eval.runner import run_eval
 from specdec.prompts import DatasetError, Prompt, default_dataset, load_prompts, select_per_group
 
 __all__ = [
+    "Baseline",
     "DatasetError",
     "EvalConfig",
     "EvalReport",
@@ -49,8 +52,11 @@ __all__ = [
     "load_records",
     "metric_path",
     "plan_methods",
+    "register_baseline",
     "register_drafter",
+    "registered_baseline",
     "resolve_draft",
     "run_eval",
     "select_per_group",
+    "unregister_baseline",
 ]

@@ -18,7 +18,9 @@ from typing import Any
 
 from specdec.draft_spec import forms
 from specdec.eval.config import SEEDING
-from specdec.eval.methods import BASELINE_KINDS, DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
+from specdec.eval.baselines import baseline_names
+from specdec.eval.methods import DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
+from specdec.trees.modes import tree_choices
 
 DEFAULT_OUT = "specdec-eval"
 _AUTO = "auto"
@@ -39,9 +41,9 @@ def _per_group(value: str) -> int | str | None:
 
 def _baselines(value: str) -> list[str]:
     names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in BASELINE_KINDS]
+    unknown = [n for n in names if n not in baseline_names()]  # the registry now: it may have grown since import
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown baseline(s) {unknown}; choose from {','.join(BASELINE_KINDS)}")
+        raise argparse.ArgumentTypeError(f"unknown baseline(s) {unknown}; choose from {','.join(baseline_names())}")
     return names
 
 
@@ -89,7 +91,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     gen.add_argument("--adaptive", action="store_true",
                      help="also run each specdec method with adaptive draft length (up to its k); mean_draft_length "
                           "in summary.json and the report shows the k each method actually drafted")
-    gen.add_argument("--tree", nargs="+", choices=("none", "static", "dynamic", "auto"), default=["none"],
+    gen.add_argument("--tree", nargs="+", choices=tree_choices(), default=["none"],
                      help="verify chains (none) or trees of drafts per pass; several run each specdec method with each "
                           "(e.g. --tree none auto compares chain and tree in one run)")
     gen.add_argument("--compile-drafter", action="store_true",
@@ -101,7 +103,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     gen.add_argument("--num-draft-tokens", "-k", nargs="+", type=_positive, default=[4], metavar="K",
                      help="draft lengths to evaluate specdec at (default: 4)")
     gen.add_argument("--baselines", type=_baselines, default=list(DEFAULT_BASELINES),
-                     help=f"comma-separated among {','.join(BASELINE_KINDS)} (default: {','.join(DEFAULT_BASELINES)}); "
+                     help=f"comma-separated among {','.join(baseline_names())} (default: {','.join(DEFAULT_BASELINES)}); "
                           "hf always runs: it is the reference; hf-compiled is generate with a static cache and its "
                           "decode step compiled by torch.compile (compiled before timing, compile time reported apart)")
     gen.add_argument("--prompt-lookup-tokens", type=_positive, default=DEFAULT_PROMPT_LOOKUP_TOKENS,
@@ -160,7 +162,8 @@ def _select(prompts: list, per_group: Any) -> tuple[list, int | None]:
 
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``specdec eval`` for parsed ``args``; returns the exit status."""
-    from specdec.user_input import DeviceError, check_device, check_model_and_draft, drafter_errors
+    from specdec.errors import SpecdecError
+    from specdec.user_input import DeviceError, check_device, check_model_and_draft
 
     if args.do_sample is False and (args.temperature is not None or args.top_p is not None):
         _log("note: --temperature/--top-p only apply with --do-sample; decoding greedily")
@@ -176,11 +179,10 @@ def run_eval(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     from specdec.eval.config import EvalConfig
-    from specdec.eval.json_schema import SchemaError, require_schemas
-    from specdec.eval.records import OutputDirError, ResumeError
+    from specdec.eval.json_schema import require_schemas
     from specdec.eval.runner import run_eval as evaluate_model
-    from specdec.models import ModelNotFoundError, load_model
-    from specdec.prompts import DatasetError, default_dataset, load_prompts
+    from specdec.models import load_model
+    from specdec.prompts import default_dataset, load_prompts
 
     dataset = args.dataset or default_dataset()
     if dataset is None:
@@ -192,7 +194,7 @@ def run_eval(args: argparse.Namespace) -> int:
         prompts, per_group = _select(prompts, args.per_group)
         if args.json_schema:  # before the model loads
             require_schemas(prompts)
-    except (DatasetError, SchemaError) as err:
+    except SpecdecError as err:  # a prompt set that cannot be read, prompts without a schema
         raise SystemExit(f"error: {err}") from None
 
     on_cpu = args.device == "cpu" or (args.device == "auto" and not torch.cuda.is_available())
@@ -202,7 +204,7 @@ def run_eval(args: argparse.Namespace) -> int:
     say(f"{len(prompts)} prompts from {dataset}; loading {args.model} ({args.dtype}) on {device} ...")
     try:
         model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
-    except ModelNotFoundError as err:
+    except SpecdecError as err:  # no such model, a torch too old
         raise SystemExit(f"error: {err}") from None
 
     command = getattr(args, "command_line", None) or _command_line(sys.argv[1:])
@@ -219,9 +221,9 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     try:
         report = evaluate_model(model, tokenizer, prompts, config)
-    except (ResumeError, OutputDirError, *drafter_errors()) as err:
-        # a drafter or tree the model cannot use (no shipped head, a missing head directory, a sliding-window
-        # model with --tree): one line, like every other error here
+    except SpecdecError as err:
+        # an --out of other settings, a drafter or tree the model cannot use (no shipped head, a missing head
+        # directory, a sliding-window model with --tree): one line, like every other error here
         raise SystemExit(f"error: {' '.join(str(err).splitlines())}") from None
     if state.is_main_process:
         print(report.markdown())

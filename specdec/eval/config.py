@@ -40,9 +40,11 @@ class EvalConfig:
             :func:`specdec.drafters.register_drafter`).
         num_draft_tokens: one k or several.
         baselines: among ``hf``, ``hf-compiled``, ``hf-assisted``, ``hf-assisted-heuristic``,
-            ``hf-prompt-lookup``. ``hf-compiled`` compiles before timing (even with ``warmup=False``);
-            ``summary.json`` reports its ``compile_seconds``, and every method's ``speedup_vs_hf_compiled``.
-        tree: ``none`` / ``static`` / ``dynamic`` / ``auto``, or several: each specdec method is run with each
+            ``hf-prompt-lookup`` and any added with :func:`~specdec.eval.baselines.register_baseline`.
+            ``hf-compiled`` compiles before timing (even with ``warmup=False``); ``summary.json`` reports its
+            ``compile_seconds``, and every method's ``speedup_vs_hf_compiled``.
+        tree: ``none`` or a tree mode (``static`` / ``dynamic`` / ``auto``, :data:`specdec.trees.modes.TREE_MODES`),
+            or several: each specdec method is run with each
             (``none``: chains); summary entries add ``tree`` and ``mean_tree_tokens``.
         adaptive: also run each specdec method with adaptive draft length (up to its k); each record and
             summary entry has ``mean_draft_length`` (draft tokens proposed per verifier pass).

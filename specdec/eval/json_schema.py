@@ -19,11 +19,13 @@ import json
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from specdec.errors import SpecdecError
+
 #: longest reason :func:`check_output` gives (records stay small)
 _REASON_CHARS = 200
 
 
-class SchemaError(ValueError):
+class SchemaError(SpecdecError, ValueError):
     """Prompts cannot be generated under their schemas: one has none, one is not a valid JSON schema, or xgrammar
     is not installed."""
 

@@ -1,9 +1,9 @@
 """Measuring one generation: run a method on a prompt (or a left-padded batch) and time what it produced.
 
-A :class:`Runner` per method: HF ``generate`` with a streamer that timestamps each step (time to first
-token; tokens per assisted step) and, for assisted generation, a count of the candidates proposed per
-step; specdec's own statistics for :class:`specdec.SpeculativeModel`. :class:`CompiledRunner` is
-``hf-compiled``. :func:`build_runners` builds every drafter once and shares it between its methods.
+A :class:`Runner` per method: a baseline's ``generate`` (its declaration in :mod:`specdec.eval.baselines`) with a
+streamer that timestamps each step (time to first token; tokens per assisted step) and, for baselines that draft,
+a count of the candidates proposed per step; specdec's own statistics for :class:`specdec.SpeculativeModel`.
+:func:`build_runners` builds every drafter once and shares it between its methods.
 """
 
 from __future__ import annotations
@@ -17,26 +17,19 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from specdec.eval.baselines import BaselineSetup, compile_decode_step, static_cache_kwargs
 from specdec.eval.methods import (
-    ASSISTED_KINDS,
     DEFAULT_PROMPT_LOOKUP_TOKENS,
-    HEURISTIC_ASSISTANT,
-    HF,
-    HF_ASSISTED_HEURISTIC,
-    HF_COMPILED,
-    HF_PROMPT_LOOKUP,
     SPECDEC,
     MethodSpec,
     ResolvedDraft,
     resolve_draft,
 )
 
-#: tokens of the untimed warm-up generation (and of hf-compiled's compile calls)
+#: tokens of the untimed warm-up generation
 WARMUP_TOKENS = 8
 #: the ``generate`` state transformers' auto-compile leaves on the model (restored after a run)
 _COMPILE_STATE = ("_compiled_call", "_last_compile_config", "_previous_max_cache_length")
-#: device types on which ``generate`` compiles a static-cache decode step without being asked
-_AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
 
 
 @dataclass
@@ -157,9 +150,12 @@ class Runner:
     """Runs one method on one prompt, or on a left-padded batch of prompts."""
 
     def __init__(self, method: MethodSpec, model: Any, extra: Mapping[str, Any] | None = None, spec: Any = None,
-                 assistant_settings: Mapping[str, Any] | None = None, seeding: str = "generator"):
+                 seeding: str = "generator"):
         self.method, self.model, self.extra, self.spec = method, model, dict(extra or {}), spec
-        self.assistant_settings = dict(assistant_settings or {})
+        self.baseline = method.baseline  # its declaration (None: specdec)
+        if self.baseline is None and method.kind != SPECDEC:
+            raise ValueError(f"method {method.name!r}: no baseline {method.kind!r} is registered")
+        self.prepared: dict[str, Any] | None = None  # the fields its baseline's prepare step added to its records
         self.verifier_compile_seconds: float | None = None  # compile_verifier: priming this method's graphs took
         self.seeding = seeding  # specdec under sampling: a seeded generator per call, or "global" (none; SEEDING)
 
@@ -169,16 +165,33 @@ class Runner:
         mask = torch.ones_like(ids) if mask is None else mask
         if self.method.kind == SPECDEC:
             return self._specdec(ids, mask, gen_kwargs, seed)
-        return self._hf(ids, mask, gen_kwargs, seed)
+        if self.baseline.prepare is None:
+            return self._baseline_call(ids, mask, gen_kwargs, seed)
+        before = _compiled_frames()  # prepared (compiled) before timing: a graph compiled inside this call is counted
+        results = self._baseline_call(ids, mask, gen_kwargs, seed)
+        compiled = _compiled_frames() - before
+        for result in results:
+            result.compiled_graphs = compiled
+        return results
 
-    def _hf(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
+    def prepare(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], gen_kwargs: Mapping[str, Any],
+                seed: int | None) -> None:
+        """Run the baseline's prepare step (``hf-compiled``: compile) for ``batches``, untimed; what it returns is
+        added to each of the method's records."""
+        self.prepared = dict(self.baseline.prepare(self, batches, gen_kwargs, seed) or {})
+
+    def _baseline_call(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any],
+                       seed: int | None) -> list[Measurement]:
+        """The baseline's ``generate`` on one batch, timed, its steps timestamped by a streamer (and, for a baseline
+        that drafts, the candidates transformers proposed counted per step)."""
         timer = _StepTimer()
         counter = _count_candidates(self.model) if self.method.speculative else contextlib.nullcontext(None)
         if seed is not None:
             torch.manual_seed(seed)
-        with counter as proposals, self._assistant_config():
+        with counter as proposals:
             start = time.perf_counter()
-            out = self.model.generate(ids, attention_mask=mask, streamer=timer, **gen_kwargs, **self.extra)
+            out = self.baseline.generate(self.model, ids, attention_mask=mask, streamer=timer, **gen_kwargs,
+                                         **self.extra)
             _sync(ids.device)
             seconds = time.perf_counter() - start
         ttft = (timer.times[0] - start) if timer.times else seconds
@@ -190,24 +203,6 @@ class Runner:
                 result.proposed_per_position, result.accepted_per_position = _positions(proposals, timer.sizes)
         return results
 
-    @contextlib.contextmanager
-    def _assistant_config(self) -> Iterator[None]:
-        """transformers reads the draft schedule from the assistant's own generation config (and the
-        heuristic schedule writes its state back there): set it for this call only, so methods sharing
-        the assistant module do not leak settings into each other."""
-        config = getattr(self.extra.get("assistant_model"), "generation_config", None)
-        if not self.assistant_settings or config is None:
-            yield
-            return
-        saved = {k: getattr(config, k, None) for k in self.assistant_settings}
-        for k, v in self.assistant_settings.items():
-            setattr(config, k, v)
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                setattr(config, k, v)
-
     def _specdec(self, ids: torch.Tensor, mask: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None) -> list[Measurement]:
         generator = None
         if seed is not None and self.seeding == "global":  # the call users make without a generator
@@ -217,8 +212,7 @@ class Runner:
         # an adaptive method has a SpeculativeModel of its own, built with max k = method.k: passing k per call
         # is only needed for the fixed-k methods, which share one SpeculativeModel per drafter
         k = None if self.method.adaptive else self.method.k
-        static = self.spec.verifier.static
-        graphs = None if static is None else static.graphs
+        graphs = self.spec.compiled_graphs
         start = time.perf_counter()
         out = self.spec.generate(ids, attention_mask=mask, num_draft_tokens=k, generator=generator, **gen_kwargs)
         _sync(ids.device)
@@ -231,24 +225,15 @@ class Runner:
             result.accepted_per_position = list(row.accepted_per_position)
             result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
             result.proposed, result.tree = row.proposed, stats.tree
-            if static is not None:  # counted once per call, on its first row
-                result.verifier_graphs_in_call = 0 if result is not results[0] else static.graphs - graphs
+            if graphs is not None:  # counted once per call, on its first row
+                result.verifier_graphs_in_call = 0 if result is not results[0] else self.spec.compiled_graphs - graphs
         return results
 
 
 class CompiledRunner(Runner):
-    """``hf-compiled``: ``model.generate`` with a static KV cache, whose decode step transformers compiles.
-
-    transformers' own mechanism is used: with ``cache_implementation="static"`` and a ``compile_config``,
-    ``generate`` runs the prefill eagerly and each decode step through ``model.get_compiled_call`` (a
-    ``torch.compile`` of the model's ``__call__``, kept on the model as ``_compiled_call``); the model's
-    ``forward`` is never replaced. It does so by itself on CUDA/XPU; elsewhere (CPU) ``CompileConfig``'s
-    private ``_compile_all_devices`` switch turns it on. Every call gets the same ``max_cache_len`` (the
-    longest prompt of the run + ``max_new_tokens``), so every decode step has the same shapes whatever
-    the prompt length: one graph per batch size, compiled by :meth:`compile` before any timed call.
-    On CUDA transformers' default compile mode (``reduce-overhead``, CUDA graphs) is used; elsewhere
-    ``mode="default"``, the faster of the two without CUDA graphs.
-    """
+    """``hf-compiled`` driven step by step, for scripts that time it outside ``specdec eval``
+    (``benchmarks/gpu_check.py``): :meth:`configure`, then :meth:`compile` (``specdec eval`` runs both as the
+    baseline's prepare step)."""
 
     def __init__(self, method: MethodSpec, model: Any) -> None:
         super().__init__(method, model)
@@ -257,55 +242,16 @@ class CompiledRunner(Runner):
 
     def configure(self, max_cache_len: int) -> None:
         """Fix the static cache length of every call (the largest prompt width + ``max_new_tokens``)."""
-        from transformers import CompileConfig
-
-        config = CompileConfig()  # transformers' defaults: inductor, mode="reduce-overhead", not fullgraph
-        if self.model.device.type != "cuda":
-            # "reduce-overhead" means CUDA graphs; without them it is slower than eager on a CPU. Measured on
-            # SmolLM2, 128 tokens, static cache: eager 5.4 s, reduce-overhead 6.3 s, default mode 5.3 s.
-            config.mode = "default"
-        if self.model.device.type not in _AUTO_COMPILE_DEVICES:
-            config._compile_all_devices = True  # generate compiles on accelerators only unless told so
         self.max_cache_len = max_cache_len
-        self.extra = {"cache_implementation": "static", "max_cache_len": max_cache_len, "compile_config": config}
+        self.extra = static_cache_kwargs(self.model, max_cache_len)
 
     def compile(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], gen_kwargs: Mapping[str, Any],
                 seed: int | None) -> float:
-        """Compile the decode step for each batch shape in ``batches``, untimed; returns the compile seconds.
-
-        Each shape is generated twice: compile time is the first call's wall time less the second's (the
-        same call, already compiled).
-        """
+        """Compile the decode step for each batch shape in ``batches``, untimed; returns the compile seconds."""
         if self.max_cache_len is None:
             raise RuntimeError("hf-compiled: configure(max_cache_len) before compiling")
-        new = min(WARMUP_TOKENS, int(gen_kwargs["max_new_tokens"]))
-        if new < 2:  # the only new token comes from the (eager) prefill: there is no decode step to compile
-            self.compile_seconds = 0.0
-            return 0.0
-        # min_new_tokens: an early EOS must not end the call before the decode step has run (and compiled)
-        kwargs = {**gen_kwargs, "max_new_tokens": new, "min_new_tokens": new}
-        total = 0.0
-        for ids, mask in {ids.shape[0]: (ids, mask) for ids, mask in batches}.values():
-            times = []
-            for _ in range(2):
-                start = time.perf_counter()
-                self._hf(ids, mask, kwargs, seed)
-                times.append(time.perf_counter() - start)
-            total += max(0.0, times[0] - times[1])
-        if getattr(self.model, "_compiled_call", None) is None:
-            raise RuntimeError(f"hf-compiled: transformers' generate did not compile the decode step of "
-                               f"{type(self.model).__name__} (its auto-compile criteria were not met)")
-        self.compile_seconds = total
-        return total
-
-    def __call__(self, ids: torch.Tensor, gen_kwargs: Mapping[str, Any], seed: int | None,
-                 mask: torch.Tensor | None = None) -> list[Measurement]:
-        before = _compiled_frames()
-        results = super().__call__(ids, gen_kwargs, seed, mask)
-        compiled = _compiled_frames() - before
-        for result in results:
-            result.compiled_graphs = compiled
-        return results
+        self.compile_seconds = compile_decode_step(self, batches, gen_kwargs, seed)
+        return self.compile_seconds
 
 
 def _compiled_frames() -> int:
@@ -348,18 +294,12 @@ def build_runners(
     for m in methods:
         if m.draft is not None and m.draft not in drafts:
             drafts[m.draft] = resolve_draft(m.draft, model, tokenizer)
-        if m.kind == HF:
-            runners[m.name] = Runner(m, model)
-        elif m.kind == HF_COMPILED:
-            runners[m.name] = CompiledRunner(m, model)
-        elif m.kind == HF_PROMPT_LOOKUP:
-            runners[m.name] = Runner(m, model, {"prompt_lookup_num_tokens": prompt_lookup_num_tokens})
-        elif m.kind in ASSISTED_KINDS:
-            assistant = drafts[m.draft].assistant
-            if assistant is None:
-                raise ValueError(f"drafter {m.draft!r} is not a causal LM: HF assisted generation cannot use it")
-            settings = HEURISTIC_ASSISTANT if m.kind == HF_ASSISTED_HEURISTIC else None
-            runners[m.name] = Runner(m, model, {"assistant_model": assistant}, assistant_settings=settings)
+        if m.baseline is not None:  # its own generate arguments, as its declaration builds them
+            draft = drafts.get(m.draft)
+            setup = BaselineSetup(model, tokenizer, m.draft, draft.assistant if draft else None,
+                                  prompt_lookup_num_tokens)
+            extra = m.baseline.generate_kwargs(setup) if m.baseline.generate_kwargs is not None else None
+            runners[m.name] = Runner(m, model, extra)
         else:
             key = (m.draft, m.k if m.adaptive else None, m.tree, m.compiled)  # an adaptive policy learns per method
             if key not in specs:

@@ -1,14 +1,10 @@
 """The methods an evaluation compares, and the drafters they share.
 
-- ``hf``: plain ``model.generate``, the reference for speedups and output identity;
-- ``hf-compiled``: ``model.generate(cache_implementation="static")`` with its decode step compiled by
-  ``torch.compile`` (transformers' recipe), compiled before timing;
-- ``hf-assisted[D]``: ``model.generate(assistant_model=<D's model>)`` with transformers' defaults;
-- ``hf-assisted-heuristic[D]``: the same with transformers' ``num_assistant_tokens_schedule="heuristic"``
-  (its adaptive draft length);
-- ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
+- the baselines, declared in :mod:`specdec.eval.baselines` (``hf``, the reference for speedups and output
+  identity; ``hf-compiled``; ``hf-assisted[D]``; ``hf-assisted-heuristic[D]``; ``hf-prompt-lookup``; and any
+  added with :func:`~specdec.eval.baselines.register_baseline`);
 - ``specdec[D,k=K]``: :class:`specdec.SpeculativeModel` with drafter ``D`` drafting ``K`` tokens per pass;
-  ``specdec[D,k=K,tree=T]`` verifies a tree of drafts per pass (``T``: static, dynamic or auto);
+  ``specdec[D,k=K,tree=T]`` verifies a tree of drafts per pass (``T``: a tree mode, e.g. static, dynamic or auto);
   ``specdec[...,compiled]`` runs its verify passes through ``torch.compile`` (``compile_verifier``).
 
 Drafter names are resolved by :func:`specdec.drafters.resolve_drafter`, the one resolver;
@@ -23,26 +19,35 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from specdec.draft_spec import parse_draft
+from specdec.eval.baselines import (  # noqa: F401  (HEURISTIC_ASSISTANT: re-exported for older code)
+    HEURISTIC_ASSISTANT,
+    HF,
+    HF_ASSISTED,
+    HF_ASSISTED_HEURISTIC,
+    HF_COMPILED,
+    HF_PROMPT_LOOKUP,
+    Baseline,
+    baseline_names,
+    get_baseline,
+)
+from specdec.eval.baselines import baselines as registered_baselines
+from specdec.eval.baseline_registry import SPECDEC
+from specdec.trees.modes import TREE_MODES
 
 if TYPE_CHECKING:
     import torch
 
     from specdec.drafters import Drafter
 
-HF, HF_ASSISTED, HF_PROMPT_LOOKUP, SPECDEC = "hf", "hf-assisted", "hf-prompt-lookup", "specdec"
-HF_ASSISTED_HEURISTIC = "hf-assisted-heuristic"
-HF_COMPILED = "hf-compiled"
-BASELINE_KINDS = (HF, HF_COMPILED, HF_ASSISTED, HF_ASSISTED_HEURISTIC, HF_PROMPT_LOOKUP)
+# the built-in baselines as the registry declares them (snapshots for older code: the registry,
+# baseline_names() and get_baseline(), is the live list, with the baselines registered since)
+BASELINE_KINDS = baseline_names()
 #: methods that do not draft: no acceptance statistics, but (greedy) compared with ``hf`` token for token
-PLAIN_KINDS = (HF, HF_COMPILED)
-ASSISTED_KINDS = (HF_ASSISTED, HF_ASSISTED_HEURISTIC)
-#: the assistant generation settings of ``hf-assisted-heuristic``: transformers' own heuristic schedule
-#: (k + 2 after a fully accepted draft, k - 1 otherwise) from its former default start of 5 tokens
-HEURISTIC_ASSISTANT = {"num_assistant_tokens_schedule": "heuristic", "num_assistant_tokens": 5}
+PLAIN_KINDS = tuple(b.name for b in registered_baselines() if not b.drafts)
+ASSISTED_KINDS = tuple(b.name for b in registered_baselines() if b.needs_draft)
 DEFAULT_BASELINES = (HF, HF_ASSISTED)
 DEFAULT_DRAFT = "self:int8"
 DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # the value transformers' docs use
-TREE_MODES = ("static", "dynamic", "auto")
 
 
 @dataclass(frozen=True)
@@ -53,13 +58,13 @@ class MethodSpec:
     draft: str | None = None
     k: int | None = None
     adaptive: bool = False  # specdec only: choose the draft length per step, up to k
-    tree: str | None = None  # specdec only: static | dynamic | auto (None: chains)
+    tree: str | None = None  # specdec only: a tree mode's name (TREE_MODES; None: chains)
     compiled: bool = False  # specdec only: verify passes through torch.compile (compile_verifier)
 
     def __post_init__(self) -> None:
-        if self.kind not in (*BASELINE_KINDS, SPECDEC):
-            raise ValueError(f"unknown method {self.kind!r}; choose from {', '.join((*BASELINE_KINDS, SPECDEC))}")
-        if self.kind in (*ASSISTED_KINDS, SPECDEC) and not self.draft:
+        if self.kind != SPECDEC and self.baseline is None:
+            raise ValueError(f"unknown method {self.kind!r}; choose from {', '.join((*baseline_names(), SPECDEC))}")
+        if (self.kind == SPECDEC or self.baseline.needs_draft) and not self.draft:
             raise ValueError(f"method {self.kind} needs a drafter")
         if self.kind == SPECDEC and (not isinstance(self.k, int) or self.k < 1):
             raise ValueError(f"specdec needs a draft length k >= 1, got {self.k!r}")
@@ -75,19 +80,26 @@ class MethodSpec:
             tree = f",tree={self.tree}" if self.tree else ""
             compiled = ",compiled" if self.compiled else ""
             return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}{compiled}]"
-        if self.kind in ASSISTED_KINDS:
+        if self.baseline.needs_draft:
             return f"{self.kind}[{self.draft}]"
         return self.kind
 
     @property
+    def baseline(self) -> Baseline | None:
+        """The baseline's declaration (:mod:`specdec.eval.baselines`); None for specdec methods."""
+        return None if self.kind == SPECDEC else get_baseline(self.kind)
+
+    @property
     def speculative(self) -> bool:
         """Whether the method drafts and verifies (and so has acceptance statistics)."""
-        return self.kind not in PLAIN_KINDS
+        return self.kind == SPECDEC or self.baseline.drafts
 
     @classmethod
     def parse(cls, name: str) -> "MethodSpec":
         """Inverse of :attr:`name`."""
-        m = re.fullmatch(r"(hf-assisted-heuristic|hf-assisted|specdec)\[(.+?)(?:,k=(\d+))?(,adaptive)?(?:,tree=(\w+))?"
+        # the kinds named KIND[DRAFTER], longest first so that no name is read as a shorter one
+        drafted = sorted((*(b.name for b in registered_baselines() if b.needs_draft), SPECDEC), key=len, reverse=True)
+        m = re.fullmatch(rf"({'|'.join(map(re.escape, drafted))})\[(.+?)(?:,k=(\d+))?(,adaptive)?(?:,tree=(\w+))?"
                          r"(,compiled)?\]", name.strip())
         if m:
             return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)), m.group(5),
@@ -149,22 +161,21 @@ def plan_methods(
     ``hf-assisted`` is planned for each drafter that is a causal LM; for the others a warning says
     why it is left out.
     """
-    baselines, drafts, ks = list(baselines), list(drafts), list(num_draft_tokens)
-    unknown = [b for b in baselines if b not in BASELINE_KINDS]
+    wanted, drafts, ks = list(baselines), list(drafts), list(num_draft_tokens)
+    unknown = [b for b in wanted if b not in baseline_names()]
     if unknown:
-        raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(BASELINE_KINDS)}")
+        raise ValueError(f"unknown baseline(s) {unknown}; choose from {', '.join(baseline_names())}")
     methods = [MethodSpec(HF)]
-    if HF_COMPILED in baselines:
-        methods.append(MethodSpec(HF_COMPILED))
-    for kind in (k for k in ASSISTED_KINDS if k in baselines):
+    for baseline in (b for b in registered_baselines() if b.name in wanted):  # in the registry's order
+        if not baseline.needs_draft:
+            methods.append(MethodSpec(baseline.name))
+            continue
         for d in drafts:
             if has_hf_assistant(d):
-                methods.append(MethodSpec(kind, d))
+                methods.append(MethodSpec(baseline.name, d))
             else:
-                warnings.warn(f"{kind} needs a causal LM as assistant; drafter {d!r} is not one, skipped",
+                warnings.warn(f"{baseline.name} needs a causal LM as assistant; drafter {d!r} is not one, skipped",
                               stacklevel=2)
-    if HF_PROMPT_LOOKUP in baselines:
-        methods.append(MethodSpec(HF_PROMPT_LOOKUP))
     trees = [None if t in (None, "none") else t for t in trees]
     compiled = list(compiled)
     methods += [MethodSpec(SPECDEC, d, k, tree=t, compiled=c) for d in drafts for k in ks for t in trees for c in compiled]
@@ -174,8 +185,8 @@ def plan_methods(
 
 
 def batchable(methods: Sequence[MethodSpec]) -> list[MethodSpec]:
-    """Drop the methods transformers runs for batches of one only (assisted generation, prompt lookup)."""
-    single = [m.name for m in methods if m.kind in (*ASSISTED_KINDS, HF_PROMPT_LOOKUP)]
+    """Drop the methods that run batches of one only (transformers' assisted generation and prompt lookup)."""
+    single = [m.name for m in methods if m.baseline is not None and not m.baseline.batchable]
     if single:
         warnings.warn(f"batch_size > 1: transformers' assisted generation and prompt lookup support one row only; "
                       f"skipping {', '.join(single)}", stacklevel=3)

@@ -13,6 +13,8 @@ from typing import Any, Mapping
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from specdec.eval.baselines import get_baseline
+
 _DPI = 110
 
 
@@ -64,8 +66,15 @@ def plot_acceptance_by_position(summary: Mapping[str, Any], path: Path) -> Path 
     return _save(fig, path)
 
 
+def _reference_line(m: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The line style a baseline's entry declares for the speedup-against-k plot (None: not drawn there)."""
+    baseline = get_baseline(m["kind"])
+    return baseline.reference_line if baseline is not None and m["speedup"] else None
+
+
 def plot_against_k(summary: Mapping[str, Any], path: Path) -> Path | None:
-    """Speedup and mean accepted length against k for each specdec drafter (HF assisted as a reference line)."""
+    """Speedup and mean accepted length against k for each specdec drafter (baselines that declare a reference
+    line, such as HF assisted and hf-compiled, at their speedup)."""
     spec = [m for m in summary["methods"] if m["kind"] == "specdec"]
     if not spec:
         return None
@@ -76,12 +85,14 @@ def plot_against_k(summary: Mapping[str, Any], path: Path) -> Path | None:
         ks = [m["k"] for m in rows]
         line = ax_speed.plot(ks, [m["speedup"] or 0.0 for m in rows], marker="o", label=f"specdec {draft}")[0]
         ax_len.plot(ks, [m["mean_accepted_length"] or 0.0 for m in rows], marker="o", label=f"specdec {draft}")
-        for m in summary["methods"]:
-            if m["kind"] == "hf-assisted" and m["draft"] == draft and m["speedup"]:
-                ax_speed.axhline(m["speedup"], color=line.get_color(), linestyle=":", label=f"hf-assisted {draft}")
-    for m in summary["methods"]:  # the compiled HF baseline: the bar a performance-minded user would set
-        if m["kind"] == "hf-compiled" and m["speedup"]:
-            ax_speed.axhline(m["speedup"], color="gray", linestyle="-.", label="hf-compiled")
+        for m in summary["methods"]:  # a baseline with this drafter: in the drafter's colour unless it names one
+            style = _reference_line(m)
+            if style is not None and m["draft"] == draft:
+                ax_speed.axhline(m["speedup"], **{"color": line.get_color(), "label": f"{m['kind']} {draft}", **style})
+    for m in summary["methods"]:  # baselines without a drafter (hf-compiled)
+        style = _reference_line(m)
+        if style is not None and m["draft"] is None:
+            ax_speed.axhline(m["speedup"], **{"label": m["kind"], **style})
     ax_speed.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ks = sorted({m["k"] for m in spec})
     for ax, label in ((ax_speed, "speedup over hf"), (ax_len, "mean accepted length (tokens / verifier pass)")):

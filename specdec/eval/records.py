@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from specdec import metrics
+from specdec.errors import ResumeError, SpecdecError  # ResumeError: also train-head's
 from specdec.eval.methods import HF, MethodSpec
 from specdec.prompts import Prompt
 
@@ -71,11 +72,7 @@ def load_records(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-class ResumeError(ValueError):
-    """The output directory holds results of another configuration, or of other prompt text."""
-
-
-class OutputDirError(ValueError):
+class OutputDirError(SpecdecError, ValueError):
     """The output directory cannot be used: an existing file, or a place this process cannot write to."""
 
 

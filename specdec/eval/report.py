@@ -51,6 +51,7 @@ from statistics import mean
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdec import metrics
+from specdec.eval.baselines import get_baseline
 from specdec.eval.methods import HF_COMPILED
 from specdec.eval.metrics import compute_metric
 from specdec.eval.records import OUTPUT_FILES, REPORT_FILE, SUMMARY_FILE, load_records
@@ -143,16 +144,6 @@ def _errors(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"errors": len(failed), "error": failed[0]["error"] if failed else None}
 
 
-def _compile_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``hf-compiled``'s compile cost: the untimed compile (largest over the runs that recorded ``rows``) and the
-    graphs compiled inside timed calls (each batch counted once)."""
-    seconds = [r["compile_seconds"] for r in rows if r.get("compile_seconds") is not None]
-    calls = {(r.get("rank"), r.get("batch_index", r["prompt_index"]), r.get("max_cache_len")): r.get("compiled_graphs") or 0
-             for r in rows}
-    return {"compile_seconds": _round(max(seconds)) if seconds else None, "compiled_graphs": sum(calls.values()),
-            "max_cache_len": max((r.get("max_cache_len") or 0 for r in rows), default=None)}
-
-
 def _verifier_compile_figures(rows: Sequence[Mapping[str, Any]], compiled: bool) -> dict[str, Any]:
     """A specdec method's ``compile_verifier``: whether its verify passes were compiled, the untimed priming of its
     graphs (largest over the runs that recorded ``rows``) and the pass shapes compiled inside timed calls."""
@@ -191,8 +182,9 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
         entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k, "batch_size": batch_size,
                  **_figures(rows(m.name), bases, m.speculative, greedy, reference, compare),
                  **_errors(all_rows(m.name))}
-        if m.kind == HF_COMPILED:
-            entry.update(_compile_figures(rows(m.name)))
+        baseline = get_baseline(m.kind)
+        if baseline is not None and baseline.summarize is not None:  # its own figures (hf-compiled: compile cost)
+            entry.update(baseline.summarize(rows(m.name)))
         if m.kind == "specdec":  # the configuration used: the last record's (auto: with what it learnt)
             entry["tree"] = next((r.get("tree") for r in reversed(rows(m.name)) if r.get("tree")), None)
             entry.update(_verifier_compile_figures(rows(m.name), bool(getattr(m, "compiled", False))))
@@ -294,16 +286,14 @@ def _describe(summary: Mapping[str, Any]) -> str:
     return ", ".join(parts) + "."
 
 
-def _compile_note(summary: Mapping[str, Any]) -> str:
-    """One paragraph on ``hf-compiled``'s compile cost (excluded from its tokens/s), or ``""``."""
-    m = next((m for m in summary["methods"] if m["kind"] == HF_COMPILED), None)
-    if m is None:
-        return ""
-    note = (f"`hf-compiled` (static cache, decode step through `torch.compile`) compiled for "
-            f"{_fmt(m.get('compile_seconds'), '.1f')} s before its first timed call; that time is not in its tok/s.")
-    if m.get("compiled_graphs"):
-        note += f" It compiled {m['compiled_graphs']} more graph(s) inside timed calls: those are in its tok/s."
-    return note
+def _baseline_notes(summary: Mapping[str, Any]) -> list[str]:
+    """The paragraphs the baselines of the run declare about their entries (hf-compiled: its compile cost)."""
+    notes = []
+    for m in summary["methods"]:
+        baseline = get_baseline(m["kind"])
+        if baseline is not None and baseline.note is not None:
+            notes.append(baseline.note(m))
+    return notes
 
 
 def _verifier_compile_note(summary: Mapping[str, Any]) -> str:
@@ -354,7 +344,7 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
               "`mean len` the tokens committed per verifier pass, `draft len` the draft tokens proposed per verifier "
               "pass (k, or less where adaptive k drafts less; for `tree=` methods the tree's nodes, and `accept` is "
               "accepted over scored nodes), `identical` the greedy outputs equal to `hf`'s.", ""]
-    for note in (_compile_note(summary), _verifier_compile_note(summary), _schema_note(summary)):
+    for note in (*_baseline_notes(summary), _verifier_compile_note(summary), _schema_note(summary)):
         if note:
             lines += [note, ""]
     if _error_lines(summary):
@@ -375,7 +365,7 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
 def render_html(summary: Mapping[str, Any]) -> str:
     """HTML tables of the report (for Jupyter)."""
     parts = [f"<p>{html.escape(_describe(summary))}</p>"]
-    notes = (_compile_note(summary), _verifier_compile_note(summary), _schema_note(summary), *_error_lines(summary))
+    notes = (*_baseline_notes(summary), _verifier_compile_note(summary), _schema_note(summary), *_error_lines(summary))
     for note in notes:
         if note:
             parts.append(f"<p>{html.escape(note)}</p>")

@@ -29,24 +29,13 @@ from specdec.eval.config import EvalConfig
 from specdec.eval.json_schema import SchemaConstraints, require_schemas, validity
 from specdec.eval.measure import (
     WARMUP_TOKENS,
-    CompiledRunner,
     build_runners,
     measure_tree_costs,
     prime_drafters,
     prime_verifiers,
     restore_compile_state,
 )
-from specdec.eval.methods import (
-    ASSISTED_KINDS,
-    HF,
-    HF_ASSISTED,
-    HF_ASSISTED_HEURISTIC,
-    HF_COMPILED,
-    HF_PROMPT_LOOKUP,
-    SPECDEC,
-    MethodSpec,
-    rotate,
-)
+from specdec.eval.methods import HF, SPECDEC, MethodSpec, rotate
 from specdec.eval.records import (
     CONFIG_FILE,
     check_config,
@@ -166,13 +155,18 @@ def _run_config(model: Any, tokenizer: Any, config: EvalConfig, methods: Sequenc
         "seeding": config.seeding if sampling else None,
         "chat_template": bool(config.chat and getattr(tokenizer, "chat_template", None)),
         "prompt_lookup_num_tokens": (config.prompt_lookup_num_tokens
-                                     if any(m.kind == HF_PROMPT_LOOKUP for m in methods) else None),
+                                     if _uses(methods, "prompt_lookup_num_tokens") else None),
         "batch_size": config.batch_size,
         "compile_drafter": config.compile_drafter,
         "compile_verifier": config.compile_verifier,
         "json_schema": config.json_schema,
         "warmup": config.warmup,
     }
+
+
+def _uses(methods: Sequence[MethodSpec], setting: str) -> bool:
+    """Whether a baseline among ``methods`` reads ``setting`` (an :class:`EvalConfig` field the others ignore)."""
+    return any(m.baseline is not None and setting in m.baseline.settings for m in methods)
 
 
 def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSpec], done: Mapping,
@@ -196,27 +190,25 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
         prime_verifiers(runners, [(e, pending) for e, (_, pending) in zip(encoded, todo)], config.max_new_tokens,
                         config.progress)
 
-    compiled = runners.get(HF_COMPILED)
-    if isinstance(compiled, CompiledRunner):
-        mine = [e for e, (_, pending) in zip(encoded, todo) if compiled.method in pending]
-        # one static cache length for the whole run: every decode step has the same shapes, nothing recompiles
-        compiled.configure(max(ids.shape[1] for ids, _ in mine) + config.max_new_tokens)
-        # compiled now, warm-up or not: its compile time is reported apart, never inside a timed call
-        compiled.compile(mine, gen_kwargs, warm_seed)
+    for m in needed:
+        if m.baseline is not None and m.baseline.prepare is not None:
+            mine = [e for e, (_, pending) in zip(encoded, todo) if m in pending]
+            # prepared now, warm-up or not (hf-compiled compiles): its cost is reported apart, never inside a timed call
+            runners[m.name].prepare(mine, gen_kwargs, warm_seed)
 
     if config.warmup:  # the first calls pay for allocations, kernel selection, lazy imports: not timed
         ids, mask = encoded[0]
         if config.compile_drafter:  # every input shape class compiled now, not inside a timed call
             prime_drafters(runners, config.progress)
         for m in needed:
-            if m.kind != HF_COMPILED:  # warmed up by its compile above
+            if runners[m.name].prepared is None:  # else warmed up by its prepare step above
                 warm = _call_kwargs(m, {**gen_kwargs, "max_new_tokens": min(WARMUP_TOKENS, config.max_new_tokens)},
                                     constrain(todo[0][0]))
                 try:
                     runners[m.name](ids, warm, warm_seed, mask)
-                except _user_errors():
-                    raise
                 except Exception as err:  # a method that cannot run gets error records below, prompt by prompt
+                    if _stops_run(err):
+                        raise
                     warnings.warn(f"{m.name} failed its warm-up: {error_message(err)}", stacklevel=2)
 
     pairs = sum(1 for batch, pending in todo for _, p in batch for m in pending if (p.id, m.name) not in done)
@@ -255,20 +247,20 @@ def _call_kwargs(m: MethodSpec, gen_kwargs: Mapping[str, Any], constrained: Mapp
     xgrammar's keeps one generation's state). transformers' assisted generation scores its candidates through the
     processor out of order, as speculation does: its baselines get it wrapped in :class:`AnyOrder`."""
     kwargs = {**gen_kwargs, **constrained}
-    if "logits_processor" in constrained and m.kind in (*ASSISTED_KINDS, HF_PROMPT_LOOKUP):
+    if "logits_processor" in constrained and m.baseline is not None and m.baseline.drafts:
         kwargs["logits_processor"] = LogitsProcessorList([AnyOrder(constrained["logits_processor"])])
     return kwargs
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Errors that say a drafter or tree cannot be used with this model at all (the user's choice, not one prompt's
-    failure): they stop the run, and ``specdec eval`` prints them in one line, as when a drafter is built."""
-    from specdec.draft_spec import DraftSpecError
-    from specdec.drafters import VocabularyMismatchError
-    from specdec.heads.checkpoint import HeadLoadError
-    from specdec.verifiers import UnsupportedModelError
+def _stops_run(err: BaseException) -> bool:
+    """Whether ``err`` says a drafter or tree cannot be used with this model at all (the user's choice, not one
+    prompt's failure): it stops the run, and ``specdec eval`` prints it in one line, as when a drafter is built.
+    That is every :class:`~specdec.errors.SpecdecError` but :class:`~specdec.sizing.PlanError`: a batch that does not
+    fit in memory is that batch's failure, recorded as an out-of-memory error would be."""
+    from specdec.errors import SpecdecError
+    from specdec.sizing.check import PlanError
 
-    return DraftSpecError, HeadLoadError, VocabularyMismatchError, UnsupportedModelError
+    return isinstance(err, SpecdecError) and not isinstance(err, PlanError)
 
 
 def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt]], pending: Sequence[MethodSpec],
@@ -283,16 +275,17 @@ def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt
     for slot, m in enumerate(pending):
         try:
             measured[m.name] = (slot, runners[m.name](ids, _call_kwargs(m, gen_kwargs, constrain(batch)), seed, mask))
-        except _user_errors():
-            raise
         except Exception as err:
+            if _stops_run(err):
+                raise
             failed[m.name] = (slot, error_message(err))
             # the same message is shown once: every failed pair is in the records and the report
             warnings.warn(f"{m.name} failed: {failed[m.name][1]}; recorded as an error", stacklevel=2)
-    graphs = measured[HF_COMPILED][1][0].compiled_graphs if HF_COMPILED in measured else None
-    if graphs:  # recorded too (compiled_graphs); should not happen with one static cache length
-        warnings.warn(f"hf-compiled compiled {graphs} graph(s) inside a timed call (batch of prompt "
-                      f"{batch[0][1].id}): its tokens/s include that compile time", stacklevel=2)
+    for name, (_, results) in measured.items():
+        graphs = results[0].compiled_graphs  # methods prepared before timing (hf-compiled): graphs compiled since
+        if graphs:  # recorded too (compiled_graphs); should not happen with one static cache length
+            warnings.warn(f"{name} compiled {graphs} graph(s) inside a timed call (batch of prompt "
+                          f"{batch[0][1].id}): its tokens/s include that compile time", stacklevel=2)
     records = []
     for b, (index, prompt) in enumerate(batch):
         ref = measured[HF][1][b].output_ids if HF in measured else (done.get((prompt.id, HF)) or {}).get("output_ids")
@@ -313,11 +306,10 @@ def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt
                 rec.update(batch_size=len(batch), batch_index=batch[0][0],
                            batch_seconds=sum(r.seconds for r in results),
                            batch_new_tokens=sum(len(r.output_ids) for r in results))
-            if m.kind == HF_COMPILED:
-                runner = runners[m.name]
-                rec.update(compile_seconds=runner.compile_seconds, max_cache_len=runner.max_cache_len)
-            elif m.kind == SPECDEC and runners[m.name].verifier_compile_seconds is not None:
-                runner = runners[m.name]
+            runner = runners[m.name]
+            if runner.prepared:  # what its prepare step reported (hf-compiled: compile_seconds, max_cache_len)
+                rec.update(runner.prepared)
+            elif m.kind == SPECDEC and runner.verifier_compile_seconds is not None:
                 rec.update(verifier_compile_seconds=runner.verifier_compile_seconds,
                            verifier_graphs_in_call=result.verifier_graphs_in_call)
             records.append(rec)
@@ -339,9 +331,10 @@ class _Progress:
 
     @staticmethod
     def _label(m: MethodSpec, multi: bool) -> str:
-        base = {HF_COMPILED: "compiled", HF_ASSISTED: "assisted", HF_ASSISTED_HEURISTIC: "heuristic",
-                HF_PROMPT_LOOKUP: "lookup"}.get(
-            m.kind, f"k{m.k}{'a' if m.adaptive else ''}{' ' + m.tree if m.tree else ''}{' compiled' if m.compiled else ''}")
+        if m.baseline is not None:
+            base = m.baseline.label or m.name
+        else:
+            base = f"k{m.k}{'a' if m.adaptive else ''}{' ' + m.tree if m.tree else ''}{' compiled' if m.compiled else ''}"
         return f"{m.draft} {base}" if multi and m.draft else base
 
     def add(self, records: Iterable[Mapping[str, Any]], measured: int) -> None:

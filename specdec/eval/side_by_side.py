@@ -161,7 +161,7 @@ def compare(
 ) -> Comparison:
     """Greedy side-by-side of ``model.generate`` and ``spec.generate`` on each prompt."""
     prompts = list(prompts)
-    result = Comparison(num_draft_tokens=spec.num_draft_tokens, draft=str(getattr(spec, "draft_name", "")))
+    result = Comparison(num_draft_tokens=spec.num_draft_tokens, draft=spec.draft_name)
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
     encoded = [encode_prompt(tokenizer, item["prompt"], chat) for item in prompts]
     if spec.compile_verifier and prompts:  # every verify-pass graph compiled now, never inside a timed call

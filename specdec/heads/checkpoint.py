@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.heads import speculators
 from specdec.heads.config import HeadConfig, aux_layer_ids
 from specdec.heads.modules import EagleHead
@@ -18,7 +19,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
-class HeadLoadError(ValueError):
+class HeadLoadError(SpecdecError, ValueError):
     """A head directory that cannot serve this verifier; the message says which file, key or shape."""
 
 

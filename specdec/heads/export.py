@@ -10,8 +10,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from specdec.errors import SpecdecError
 from specdec.heads import speculators
 from specdec.heads.checkpoint import load_head, read_config
+
+
+class HeadExportError(SpecdecError, ValueError):
+    """A head that loads but that speculators' eagle3 layout cannot hold (an EAGLE-1/2 head, repeated layer ids)."""
 
 
 def export_speculators(head_dir: str | Path, out_dir: str | Path, verifier: Any, *,
@@ -30,11 +35,11 @@ def export_speculators(head_dir: str | Path, out_dir: str | Path, verifier: Any,
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     head = load_head(head_dir, verifier)  # every refusal of a broken head happens here, before anything is written
     if head.config.kind != "eagle3":
-        raise ValueError(f"draft head {head_dir}: speculators' eagle3 layout holds EAGLE-3 heads; this is an "
+        raise HeadExportError(f"draft head {head_dir}: speculators' eagle3 layout holds EAGLE-3 heads; this is an "
                          "EAGLE-1/2 head")
     aux = head.config.aux_layers
     if len(set(aux)) != len(aux):
-        raise ValueError(f"draft head {head_dir}: it reads verifier layers {list(aux)}; speculators' layout needs "
+        raise HeadExportError(f"draft head {head_dir}: it reads verifier layers {list(aux)}; speculators' layout needs "
                          "distinct layer ids (a verifier this shallow cannot be exported)")
     if dtype is None:
         named = read_config(head_dir / "config.json").get("torch_dtype") or "bfloat16"

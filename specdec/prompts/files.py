@@ -17,10 +17,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from specdec.errors import SpecdecError
 from specdec.prompts.schema import GROUP_FIELDS, ID_FIELDS, PromptRecord, row_text
 
 
-class PromptFileError(ValueError):
+class PromptFileError(SpecdecError, ValueError):
     """A prompt file is missing, unreadable or malformed; the message is one line naming the file."""
 
 

@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from specdec.errors import SpecdecError
 from specdec.prompts.builtin import builtin_set
 from specdec.prompts.groups import select_per_group
 from specdec.prompts.schema import (
@@ -42,7 +43,7 @@ SPEC_BENCH_ENV = "SPECDEC_SPEC_BENCH"
 _BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet"}
 
 
-class DatasetError(ValueError):
+class DatasetError(SpecdecError, ValueError):
     """A prompt set could not be found, loaded or understood (the message says which and why)."""
 
 

@@ -23,15 +23,17 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from specdec.errors import SpecdecError
+
 if TYPE_CHECKING:
     import torch
 
 
-class UnknownSchemeError(ValueError):
+class UnknownSchemeError(SpecdecError, ValueError):
     """Raised for a scheme name that is not registered; the message lists the valid ones."""
 
 
-class UnsupportedSchemeError(ValueError):
+class UnsupportedSchemeError(SpecdecError, ValueError):
     """Raised when a scheme has no working backend on the requested device.
 
     The message names the scheme, the device, why, and the schemes that do work there.

@@ -17,7 +17,7 @@ attention) store one compressed latent of ``kv_lora_rank`` plus one rope key of
 ``qk_rope_head_dim`` per token, not per head; ``none`` layers (linear attention, Mamba and other
 recurrent layers of hybrid models) keep a fixed-size state and no per-token cache.
 
-specdec's own :class:`~specdec.verifiers.cache.ManagedCache` keeps the *whole* context on every
+specdec's own :class:`~specdec.runners.cache.ManagedCache` keeps the *whole* context on every
 layer, sliding ones included, so that rollback is a pointer move; :func:`managed_cache_bytes` is
 exactly what it allocates, and the planner budgets with it, for the slots the engine allocates
 (:func:`specdec.slots.cache_slots`).

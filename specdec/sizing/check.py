@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from specdec.errors import SpecdecError
 from specdec.sizing.budget import Need, Workload, largest
 from specdec.sizing.configs import ConfigLike, is_self_draft, resolve
 from specdec.sizing.memory import available_memory, check_count, dtype_name, format_bytes, parse_memory, smaller_dtype
 from specdec.sizing.weights import weight_bytes
 
 
-class PlanError(MemoryError):
+class PlanError(SpecdecError, MemoryError):
     """A request does not fit in memory. The message says what to change.
 
     ``plan`` holds the :class:`~specdec.sizing.Plan` the planner computed before giving up, when

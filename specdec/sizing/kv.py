@@ -158,7 +158,7 @@ def naive_kv_bytes_per_token(config: ConfigLike, dtype: Any = "bfloat16") -> int
 
 
 def managed_cache_bytes(config: ConfigLike, batch_size: int, max_len: int, dtype: Any = "bfloat16") -> int:
-    """Exactly the bytes :class:`specdec.verifiers.cache.ManagedCache` allocates for this model.
+    """Exactly the bytes :class:`specdec.runners.cache.ManagedCache` allocates for this model.
 
     Each KV layer holds keys ``[batch, k_heads, max_len, k_dim]`` and values ``[batch, v_heads,
     max_len, v_dim]`` in the KV dtype. Sliding-window layers are *not* capped: the managed cache

@@ -109,9 +109,10 @@ def run_train_head(args: argparse.Namespace) -> int:
     the pipeline under the lock of ``--out``."""
     import torch
 
-    from specdec.models import ModelNotFoundError, resolve_model_source
+    from specdec.errors import SpecdecError
+    from specdec.models import resolve_model_source
     from specdec.training.pipeline import PipelineConfig, check_settings, lock_out, run_pipeline, stage_settings
-    from specdec.training.prompts import TrainHeadError, balance, read_train_prompts
+    from specdec.training.prompts import balance, read_train_prompts
     from specdec.training.train import TrainConfig
     from specdec.user_input import DeviceError, check_device
 
@@ -124,10 +125,10 @@ def run_train_head(args: argparse.Namespace) -> int:
         resolve_model_source(args.model)
         if args.device is not None:
             check_device(args.device)
-    except (TrainHeadError, ModelNotFoundError) as e:
-        return _error(str(e))
     except DeviceError as e:
         return _error(f"--device {e}")
+    except SpecdecError as e:  # bad --data, a --model that is not local
+        return _error(str(e))
     usable = len(balance(prompts, args.per_group or None, seed=args.seed)) + args.self_prompts
     if usable < 2:
         return _error(f"{args.data} gives {usable} prompt(s) (with --self-prompts {args.self_prompts}): training needs "
@@ -157,7 +158,7 @@ def run_train_head(args: argparse.Namespace) -> int:
             command = "specdec " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["train-head"] else ""
             result = run_pipeline(model, tokenizer, args.data, out, config, model_name=args.model, command=command,
                                   progress=not args.json, log=log, overwrite=args.overwrite)
-    except TrainHeadError as e:
+    except SpecdecError as e:  # a stale or busy --out, a model that cannot load, too few samples
         return _error(str(e))
     if not result:  # not the main process of an `accelerate launch`: the main one reports
         return 0

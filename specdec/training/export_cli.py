@@ -50,14 +50,14 @@ def run_export_head(args: argparse.Namespace) -> int:
 
     import torch
 
-    from specdec.heads.checkpoint import HeadLoadError
+    from specdec.errors import SpecdecError
     from specdec.heads.export import export_speculators
     from specdec.heads.shipped import shipped_head
-    from specdec.models import DEFAULT_ALIASES, SMOLLM2_HUB_ID, ModelNotFoundError, load_model
+    from specdec.models import DEFAULT_ALIASES, SMOLLM2_HUB_ID, load_model
 
     try:
         model, _ = load_model(args.model)
-    except ModelNotFoundError as e:
+    except SpecdecError as e:
         return fail(str(e))
     try:
         head_dir = shipped_head(model) if args.head == "eagle" else Path(args.head).expanduser()
@@ -67,7 +67,7 @@ def run_export_head(args: argparse.Namespace) -> int:
         export_speculators(head_dir, out, model, verifier_name_or_path=name,
                            speculative_tokens=args.speculative_tokens,
                            dtype=getattr(torch, args.dtype) if args.dtype else None)
-    except (HeadLoadError, ValueError) as e:
+    except SpecdecError as e:  # a head that cannot serve the model, or that speculators' layout cannot hold
         return fail(str(e))
     config = json.loads((out / "config.json").read_text(encoding="utf-8"))
     summary = {"out": str(out), "format": args.format, "head": str(head_dir),

@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import torch
 
 from specdec import metrics
+from specdec.errors import ResumeError  # one class with eval's (an output made with other settings)
 from specdec.heads.checkpoint import save_head
 from specdec.heads.config import HeadConfig
 from specdec.heads.shipped import fingerprint
@@ -52,10 +53,6 @@ SETTINGS_FILE = "settings.json"
 HEAD_FILES = ("model.safetensors", "config.json", "README.md", "training.json")
 #: how the verifier writes its own prompts (fixed; recorded so that a change in a later version is seen)
 SELF_PROMPT_SAMPLING = {"do_sample": True, "temperature": 0.8, "max_new_tokens": 160, "tasks": "self_instruct v2"}
-
-
-class ResumeError(TrainHeadError):
-    """``OUT`` holds artifacts made with other settings than this run's."""
 
 
 class OutLockedError(TrainHeadError):

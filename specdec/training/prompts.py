@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec.errors import SpecdecError
 from specdec.prompts.files import PromptFileError, read_prompt_text
 
 
@@ -35,7 +36,7 @@ class TrainPrompt:
         return asdict(self)
 
 
-class TrainHeadError(ValueError):
+class TrainHeadError(SpecdecError, ValueError):
     """A ``train-head`` problem the command line reports in one line (bad data, a stale or busy ``--out``)."""
 
 

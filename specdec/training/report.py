@@ -17,7 +17,7 @@ import torch
 from specdec import metrics
 from specdec.drafters.eagle import EagleDrafter
 from specdec.heads.modules import EagleHead
-from specdec.protocol import DraftContext, Proposal, Rows
+from specdec.protocol import DraftContext, DraftChain, Rows
 from specdec.training.features import verifier_features
 from specdec.training.train import head_loss, teacher_forced_summary, ttt_outputs
 
@@ -64,9 +64,9 @@ class RecordingEagle(EagleDrafter):
 
     def _note(self, rows: Rows, first: list[int]) -> None:
         for b, token in enumerate(first):
-            self.record.passes.append((rows.owners[b], rows.length(b) - self._pads[b], token))
+            self.record.passes.append((rows.owners[b], rows.length(b) - rows.pads[b], token))
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> Proposal:
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         proposal = super().propose(rows, k, ctx)
         if proposal.num_tokens:
             self._note(rows, proposal.tokens[:, 0].tolist())

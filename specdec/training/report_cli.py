@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specdec.errors import SpecdecError
 from specdec.prompts.files import PromptFileError, json_rows
 
 
-class ReportDataError(ValueError):
+class ReportDataError(SpecdecError, ValueError):
     """A ``--data`` file head-report cannot use (missing, not JSON lines, rows without what it needs)."""
 
 
@@ -103,9 +104,9 @@ def run_head_report(args: argparse.Namespace) -> int:
 
     import torch
 
-    from specdec.heads.checkpoint import HeadLoadError, load_head
+    from specdec.heads.checkpoint import load_head
     from specdec.heads.shipped import shipped_head
-    from specdec.models import ModelNotFoundError, load_model
+    from specdec.models import load_model
     from specdec.training.report import head_report
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -114,7 +115,7 @@ def run_head_report(args: argparse.Namespace) -> int:
         # read again against the verifier's vocabulary, which only now is known: an id past it would be an IndexError
         rows = read_report_data(args.data, args.limit or None, vocab_size=model.get_input_embeddings().num_embeddings)
         head = load_head(shipped_head(model) if args.head == "eagle" else args.head, model)
-    except (HeadLoadError, ModelNotFoundError, ReportDataError) as e:
+    except SpecdecError as e:  # no such model, a head that cannot serve it, data outside its vocabulary
         return fail(str(e))
     samples = [_as_sample(model, tokenizer, row, args.max_new_tokens) for row in rows]
     report = head_report(model, head, samples, steps=args.steps, k=args.num_draft_tokens, tree=tree)

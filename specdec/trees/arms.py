@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from specdec.draft_length import expected_tokens, trials
+from specdec.chains import trials
+from specdec.costs import chain_rate
 
 EXPLORE = 16  # passes of the leading arm before the other is tried once again
 DECAY = 0.8  # weight of the past in each arm's moving averages
@@ -64,8 +65,7 @@ class ChainOrTree:
     def chain_length(self, limit: int, cost: Callable[[int], float], draft_step: float) -> int:
         """The chain's ``k`` (1..``limit``) with the most expected tokens per modelled second at the learnt
         acceptance."""
-        a = min(max(self.acceptance, 0.0), 0.999)
-        return max(range(1, max(limit, 1) + 1), key=lambda k: expected_tokens(a, k) / (cost(k + 1) + k * draft_step))
+        return max(range(1, max(limit, 1) + 1), key=lambda k: chain_rate(self.acceptance, k, cost(k + 1) + k * draft_step))
 
     def observe(self, arm: str, drafted: int, accepted: list[int], seconds: float) -> None:
         """One pass of ``arm``: ``drafted`` drafts per row (a chain's ``k``), ``accepted`` per row, ``seconds``."""

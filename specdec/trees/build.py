@@ -23,7 +23,7 @@ import torch
 
 from specdec.transfer import upload
 from specdec.trees.config import TreeConfig
-from specdec.trees.sizing import TreeSizer
+from specdec.trees.auto import TreeSizer
 from specdec.trees.tree import DraftTree, reads_context
 
 FRONTIER_SHARE = 0.1  # auto feeds a frontier node worth at least this share of the frontier's best
@@ -159,7 +159,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
         return torch.log_softmax(score(flat, contexts), dim=-1).view(*logits.shape[:-1], -1)
 
     root = logprobs(root_logits.unsqueeze(1), None, 0)[:, 0]
-    if config.mode == "static":
+    if config.tree_mode.grows_paths:
         return _static(root, cands, expand, shape, logprobs)
     k = config.top_k
     v, t = root.topk(k, dim=-1)

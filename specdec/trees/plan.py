@@ -7,7 +7,7 @@ import torch
 from specdec.protocol import DraftContext, DraftPlan, Drafts, Proposer, Rows, checked
 from specdec.trees.build import TreeShape
 from specdec.trees.config import TreeConfig
-from specdec.trees.sizing import TreeSizer
+from specdec.trees.auto import TreeSizer
 from specdec.trees.tree import DraftTree
 
 
@@ -21,8 +21,8 @@ class TreePlan(DraftPlan):
         """``new_tokens``: the most tokens the call adds per row; ``config`` is capped to what such a call can use
         (:meth:`TreeConfig.for_call`), so its caches are sized by the call, not by the configured depth.
         ``num_draft_tokens``: the call's ``k`` (it sizes the caches' slack for ragged rows, as a chain's does)."""
-        if config.mode == "auto" and sizer is None:
-            raise ValueError("tree='auto' needs a TreeSizer (a measured verifier cost)")
+        if config.tree_mode.sized_per_pass and sizer is None:
+            raise ValueError(f"tree={config.mode!r} needs a TreeSizer (a measured verifier cost)")
         self.requested = config  # what the user asked for: what the statistics report
         self.config = config if new_tokens is None else config.for_call(new_tokens)
         self.sizer = sizer

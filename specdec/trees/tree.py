@@ -23,7 +23,7 @@ from specdec.transfer import upload
 @dataclass
 class DraftTree(Drafts):
     """Draft tokens as a tree: what :meth:`~specdec.drafters.Drafter.propose_tree` returns (a chain's
-    :class:`~specdec.drafters.Proposal` has the same ``tokens`` and ``probs``).
+    :class:`~specdec.drafters.DraftChain` has the same ``tokens`` and ``probs``).
 
     ``parents [B, N]`` (-1: child of the root), ``valid [B, N]`` (real nodes), ``values [B, N]`` (the
     drafter's estimate that the node is accepted, its cumulative draft probability; for tree sizing),
