@@ -53,15 +53,10 @@ def resolve_drafter(
 ) -> Drafter:
     """Build a drafter from a user-facing spec: the one place drafter names become drafters.
 
-    ``draft`` may be a :class:`Drafter`, a transformers causal LM, or a name (see
-    :mod:`specdec.draft_spec`): ``"self:SCHEME"`` (a quantized copy of the verifier, e.g.
-    ``"self:int8"``), ``"prompt-lookup"`` (n-gram copying, no model), ``"composite"`` /
-    ``"composite:SCHEME"`` (prompt lookup, else a quantized self-copy; default int8), ``"composite:eagle[:DIR]"``
-    (prompt lookup, else a draft head),
-    ``"layer-skip:N"`` (the verifier's first N layers), ``"eagle"`` / ``"eagle:DIR"`` (a trained draft
-    head: the shipped one for the embedded model, or a local EAGLE / EAGLE-3 directory), a registered
-    prefix, or a local model path. A name builds through the kind that parses it (its ``build``; what that
-    returns is resolved again, so a builder may return a causal LM).
+    ``draft`` may be a :class:`Drafter`, a transformers causal LM, or a name of any kind in the registry
+    (:mod:`specdec.draft_spec`; :func:`~specdec.draft_spec.forms` lists them) or a local model path. A name builds
+    through the kind that parses it (its ``build``; what that returns is resolved again, so a builder may return a
+    causal LM, and what it returns is checked: :class:`DrafterTypeError`).
     """
     if isinstance(draft, Drafter):
         return draft

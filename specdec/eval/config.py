@@ -35,9 +35,8 @@ class EvalConfig:
             ``"hf-assisted[self:int8]"``, ``"specdec[self:int8,k=4]"``); default: :func:`plan_methods`
             of ``baselines``, ``draft``, ``num_draft_tokens`` and ``adaptive``. ``hf`` is always run:
             speedups and identity are measured against it.
-        draft: one drafter spec or several (``self:SCHEME``, a local model path, ``prompt-lookup``,
-            ``composite[:SCHEME]``, ``layer-skip:N``, or a prefix registered with
-            :func:`specdec.drafters.register_drafter`).
+        draft: one drafter name or several, of any kind in the registry (:func:`specdec.draft_spec.forms` lists
+            them: the built-ins and any added with :func:`specdec.drafters.register_drafter`), or a local model path.
         num_draft_tokens: one k or several.
         baselines: among ``hf``, ``hf-compiled``, ``hf-assisted``, ``hf-assisted-heuristic``,
             ``hf-prompt-lookup`` and any added with :func:`~specdec.eval.baselines.register_baseline`.

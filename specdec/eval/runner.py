@@ -253,14 +253,16 @@ def _call_kwargs(m: MethodSpec, gen_kwargs: Mapping[str, Any], constrained: Mapp
 
 
 def _stops_run(err: BaseException) -> bool:
-    """Whether ``err`` says a drafter or tree cannot be used with this model at all (the user's choice, not one
-    prompt's failure): it stops the run, and ``specdec eval`` prints it in one line, as when a drafter is built.
-    That is every :class:`~specdec.errors.SpecdecError` but :class:`~specdec.sizing.PlanError`: a batch that does not
-    fit in memory is that batch's failure, recorded as an out-of-memory error would be."""
-    from specdec.errors import SpecdecError
-    from specdec.sizing.check import PlanError
+    """Whether ``err`` says a drafter, head or tree cannot be used with this model at all (the user's choice, not one
+    prompt's failure): it stops the run, and ``specdec eval`` prints it in one line, as when a drafter is built. Any
+    other error (a custom drafter's bad proposal, a grammar processor without an adapter, a batch that does not fit
+    in memory) is that method's failure, recorded prompt by prompt."""
+    from specdec.draft_registry import DraftSpecError
+    from specdec.drafters.model import VocabularyMismatchError
+    from specdec.heads.checkpoint import HeadLoadError
+    from specdec.runners.hf import UnsupportedModelError
 
-    return isinstance(err, SpecdecError) and not isinstance(err, PlanError)
+    return isinstance(err, (DraftSpecError, HeadLoadError, VocabularyMismatchError, UnsupportedModelError))
 
 
 def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt]], pending: Sequence[MethodSpec],
