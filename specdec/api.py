@@ -15,15 +15,15 @@ from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel,
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from specdec.arguments import prepare_generation
-from specdec.drafters.grammar import constrained_drafter
+from specdec.costs import VerifyCost
 from specdec.drafters import Drafter, resolve_drafter
+from specdec.drafters.grammar import constrained_drafter
 from specdec.engine import speculative_generate
 from specdec.models import check_torch_for_transformers
+from specdec.runners.hf import CausalLMRunner
 from specdec.sizing.memory import check_count
 from specdec.stats import SpecStats
 from specdec.strategy import Strategy
-from specdec.trees.auto import VerifyCost
-from specdec.runners.hf import CausalLMRunner
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
 
@@ -63,7 +63,7 @@ class SpeculativeModel:
             ranks, ``"dynamic"`` (EAGLE-2), a dict of :class:`~specdec.trees.TreeConfig` fields, or ``"auto"``
             (sized per pass from the verifier's measured cost and the drafter's calibrated confidence). Output is
             unchanged. Drafters: heads, model drafters, prompt lookup, composite.
-        tree_cost / tree_draft_step: for ``tree="auto"``, a :class:`~specdec.trees.auto.VerifyCost` and one drafter
+        tree_cost / tree_draft_step: for ``tree="auto"``, a :class:`~specdec.costs.VerifyCost` and one drafter
             pass in seconds to use instead of measuring them on first use (:meth:`measure_tree_cost`); pin both
             (``stats.tree["verify_cost"]``, ``stats.tree["draft_step_s"]``) to reproduce seeded calls elsewhere.
         compile_verifier: run every verify pass after the prefill through ``torch.compile`` over a static cache

@@ -6,7 +6,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from specdec.arguments import GenerationSetup
-from specdec.protocol import Rows
+from specdec.protocol import Rows, left_pads
 from specdec.stopping import StopRules
 from specdec.transfer import upload
 
@@ -28,8 +28,7 @@ class CommittedRows:
         self.tokens[:, :prompt] = ids
         self.host = ids.tolist()  # host copy of every row (once per call): stop rules and lookups read it, not the device
         self.lengths = [prompt] * batch  # host-side: the loop reads them every step without a device sync
-        mask = setup.attention_mask  # each row's left padding, read once per call for every drafter
-        self.pads = [0] * batch if mask is None else (mask == 0).sum(dim=1).tolist()
+        self.pads = left_pads(setup.attention_mask, batch)  # read once per call, for every drafter (Rows.pads)
         self.rules = StopRules(setup.stopping, pad)
         self.stopped_at: list[int | None] = [None] * batch
         self.active = list(range(batch))  # original indices of rows still generating

@@ -76,6 +76,11 @@ class DraftContext:
             self.processors = RowProcessors(self.processors)
 
 
+def left_pads(attention_mask: torch.Tensor | None, batch: int) -> list[int]:
+    """Each row's left padding in transformers' layout (zeros where the mask is 0), as host ints: one device read."""
+    return [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
+
+
 class Rows:
     """The committed rows of the active batch: ``tokens [B, width]`` and ``lengths [B]``.
 

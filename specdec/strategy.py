@@ -17,15 +17,16 @@ from transformers import PreTrainedModel
 
 from specdec.arguments import prepare_generation
 from specdec.chains import AdaptiveDraftLength, ChainPlan, FixedDraftLength
+from specdec.costs import VerifyCost
 from specdec.drafters import Drafter
 from specdec.engine import speculative_generate
 from specdec.protocol import DraftPlan
+from specdec.runners.hf import CausalLMRunner, lm_head_rows
 from specdec.sizing import check_fits
 from specdec.slots import CallSlots
+from specdec.trees.auto import TreeSizer, measure_verify_cost
 from specdec.trees.config import TreeConfig, parse_tree
 from specdec.trees.plan import TreePlan
-from specdec.trees.auto import TreeSizer, VerifyCost, measure_verify_cost
-from specdec.runners.hf import CausalLMRunner, lm_head_rows
 
 
 @dataclass(frozen=True)

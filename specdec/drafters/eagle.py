@@ -19,7 +19,7 @@ import torch
 
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
-from specdec.protocol import Commit, DraftContext, DraftChain, Rows
+from specdec.protocol import Commit, DraftChain, DraftContext, Rows, left_pads
 from specdec.runners.static import COMPILE_ERRORS
 from specdec.drafters.model import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
@@ -130,7 +130,7 @@ class EagleDrafter(Drafter):
             raise ValueError("an EAGLE drafter needs the verifier's prompt hidden states (start(hidden=...))")
         self.forwards = 0
         batch = input_ids.shape[0]
-        pads = [0] * batch if attention_mask is None else (attention_mask == 0).sum(dim=1).tolist()
+        pads = left_pads(attention_mask, batch)  # before any Rows exists: the prompt's features are sliced by it
         c, p = self.head.config, next(self.head.parameters())
         # static drafts: slots rounded up (calls of similar lengths share graphs), with room for a feed and the drafts
         slots = -(-(max_len + 1 + _STATIC_ROOM) // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP if self.static_draft \

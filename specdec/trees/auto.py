@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from specdec.costs import VerifyCost  # noqa: F401  (the cost curve auto sizes with; its home is specdec.costs)
+from specdec.costs import VerifyCost
 from specdec.trees.arms import ChainOrTree
 from specdec.trees.tree import DraftTree
 from specdec.runners.hf import lm_head_rows
