@@ -10,10 +10,10 @@ command line's ``--help`` and ``specdec plan`` start without either.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from specdec.errors import SpecdecError  # the base of every error a user can fix (torch-free: imported at once)
+from specdec.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from specdec.acceptance import greedy_accept, rejection_accept
@@ -71,14 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)

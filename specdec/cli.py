@@ -39,7 +39,10 @@ def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None
     p.add_argument("--max-new-tokens", type=int, default=default_new_tokens)
     p.add_argument("--num-draft-tokens", "-k", type=int, default=None, help="tokens drafted per verifier pass")
     p.add_argument("--no-chat-template", action="store_true", help="feed prompts raw instead of as a chat turn")
-    p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object as the last line of stdout; in it 'tree' is the tree configuration "
+                        "(null for chains) and 'mean_tree_tokens' the draft tokens the verifier scored per pass, "
+                        "chains and trees alike (a chain's k; a tree's nodes)")
 
 
 def _log(*args: Any) -> None:
@@ -131,11 +134,13 @@ def _check_sampling(args: argparse.Namespace) -> None:
 
 def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int:
     from specdec.eval.side_by_side import compare
+    from specdec.prompts import plural
 
     model, tokenizer, spec = _load(args)
+    # described once, with the results on stdout (or in the JSON's draft_* keys); stderr is for progress
     drafter = drafter_summary(args.draft, model)
-    _log(f"drafter {drafter['description']}")
-    _log(f"running {len(prompts)} prompts, {args.max_new_tokens} new tokens, plain generate vs specdec"
+    _log(f"running {plural(len(prompts), 'prompt')}, {plural(args.max_new_tokens, 'new token')}, "
+         "plain generate vs specdec"
          f"{' (compiling the verify passes first)' if args.compile_verifier else ''} ...")
     result = compare(
         model,
@@ -145,7 +150,7 @@ def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int
         max_new_tokens=args.max_new_tokens,
         chat=not args.no_chat_template,
         progress=lambda r: _log(
-            f"  {r.task:<14} {r.new_tokens} tokens  plain {r.plain_seconds:.2f}s  specdec {r.spec_seconds:.2f}s  "
+            f"  {r.task:<14} {plural(r.new_tokens, 'token')}  plain {r.plain_seconds:.2f}s  specdec {r.spec_seconds:.2f}s  "
             f"accept {r.acceptance_rate:.2f}  {'identical' if r.identical else 'DIFFERENT'}"
         ),
     )
@@ -191,7 +196,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import torch
     from transformers import TextStreamer
 
-    from specdec.prompts import encode_prompt
+    from specdec.prompts import encode_prompt, plural
 
     model, tokenizer, spec = _load(args)
     generator = torch.Generator(device="cpu").manual_seed(args.seed) if args.seed is not None else None
@@ -214,7 +219,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
         records.append({"prompt": item["prompt"], "text": text, **stats.to_dict()})
         if not args.json:
-            _log(f"[{stats.new_tokens} tokens, {stats.tokens_per_second:.1f} tok/s, acceptance {stats.acceptance_rate:.2f}, "
+            _log(f"[{plural(stats.new_tokens, 'token')}, {stats.tokens_per_second:.1f} tok/s, acceptance {stats.acceptance_rate:.2f}, "
                  f"mean accepted length {stats.mean_accepted_length:.2f}]")
     if args.json:
         print(json.dumps({"prompts": len(records), "outputs": records}))

@@ -1,11 +1,14 @@
 """The registry of drafter kinds (torch-free): :class:`DrafterKind`, :func:`register_kind`, :func:`parse_draft`.
 
-It holds no kinds of its own: :mod:`specdec.draft_kinds` declares the built-in ones, and :mod:`specdec.draft_spec`
-(the module to import) loads both, so every name parses the same wherever it is read.
+It holds no kinds of its own: :mod:`specdec.draft_kinds` declares the built-in ones, and the registry imports that
+module (by name, :data:`BUILTIN_KINDS`) the first time it is read or added to, so every name parses the same
+wherever it is read, and no module imports the built-in kinds only to have them registered.
+:mod:`specdec.draft_spec` is the module to import for drafter names.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -30,6 +33,22 @@ _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 MAX_NAME_CHAIN = 8
 #: the drafter names being built in this context, outermost first (a registered builder may return another name)
 _BUILDING: ContextVar[tuple[str, ...]] = ContextVar("specdec_drafters_building", default=())
+#: the module that declares the built-in kinds (``register_kind(..., builtin=True)`` each). It sits above this leaf
+#: (its builders import the drafters when they run), so it is named, not imported: :func:`_registry` imports it the
+#: first time the registry is read or added to
+BUILTIN_KINDS = "specdec.draft_kinds"
+#: whether :data:`BUILTIN_KINDS` has been imported (its kinds are then in :data:`_KINDS`)
+_builtins_loaded = False
+
+
+def _registry() -> "dict[str, DrafterKind]":
+    """The registered kinds, the built-in ones among them: their module is imported on the first call (Python's
+    import lock makes a second thread wait until it has registered them all)."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        importlib.import_module(BUILTIN_KINDS)
+        _builtins_loaded = True
+    return _KINDS
 
 
 class DraftSpecError(SpecdecError, ValueError):
@@ -58,7 +77,7 @@ class DraftSpec:
     @property
     def declared(self) -> "DrafterKind":
         """The kind in the registry that this name is of (its build, describe, check, hf_assistant)."""
-        return _KINDS[self.prefix if self.kind == "registered" else self.kind]
+        return _registry()[self.prefix if self.kind == "registered" else self.kind]
 
     @property
     def hf_assistant(self) -> bool:
@@ -128,6 +147,8 @@ def register_kind(kind: DrafterKind, *, builtin: bool = False) -> DrafterKind:
     Returns ``kind``.
     """
     _check_prefix(kind.name)
+    if not builtin:  # the built-in kinds first, so that their names are refused (they register with builtin=True)
+        _registry()
     for field in ("build", "parse", "describe", "check", "check_verifier"):
         value = getattr(kind, field)
         if (value is not None or field == "build") and not callable(value):
@@ -202,7 +223,7 @@ def what(value: Any) -> str:
 
 def kinds() -> list[DrafterKind]:
     """Every registered kind, in the order help texts list them (the path kind last)."""
-    return sorted(_KINDS.values(), key=lambda k: k.name == FALLBACK_KIND)
+    return sorted(_registry().values(), key=lambda k: k.name == FALLBACK_KIND)
 
 
 def forms() -> str:
@@ -219,7 +240,8 @@ def parse_draft(spec: str) -> DraftSpec:
         raise DraftSpecError(f"a drafter name must be a non-empty string, got {spec!r}; use {forms()}")
     spec = spec.strip()
     prefix, colon, arg = spec.partition(":")
-    kind = _KINDS.get(prefix) if prefix != FALLBACK_KIND else None  # a path is whatever no prefix claims
+    registry = _registry()
+    kind = registry.get(prefix) if prefix != FALLBACK_KIND else None  # a path is whatever no prefix claims
     parsed = kind.spec(spec, arg if colon else None) if kind is not None else None
-    return parsed if parsed is not None else _KINDS[FALLBACK_KIND].spec(spec, None)
+    return parsed if parsed is not None else registry[FALLBACK_KIND].spec(spec, None)
 

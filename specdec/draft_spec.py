@@ -3,7 +3,7 @@
 Every kind of drafter, built-in or added, is one :class:`DrafterKind` in this registry. It declares how
 its name parses, how it builds, how it describes itself, whether transformers' assisted generation can
 use what it builds, and its form for help texts (:func:`forms`). The built-in kinds are declared in
-:mod:`specdec.draft_kinds`:
+:mod:`specdec.draft_kinds`, which the registry imports the first time it is read:
 
 * ``self:SCHEME`` - a quantized copy of the verifier (``self:int8``, ``self:int4:g128+head8``);
 * ``prompt-lookup`` - n-gram copying from the context, no model;
@@ -40,7 +40,6 @@ from specdec.draft_registry import (  # noqa: F401  (the public names of drafter
     forms,
     parse_draft,
 )
-import specdec.draft_kinds  # noqa: E402,F401  (the built-in kinds register themselves)
 
 
 def __getattr__(name: str) -> Any:

@@ -114,6 +114,6 @@ def _retire(out: CommittedRows, cache: CacheSession, drafter: Drafter) -> None:
     before = len(out.active)
     stay = out.retire()
     if stay and len(stay) < before:
-        index = torch.tensor(stay, dtype=torch.long, device="cpu")  # each cache moves it to its own device
-        cache.keep_rows(index)
+        index = torch.tensor(stay, dtype=torch.long, device="cpu")  # host data: each drafter uploads it to its device
+        cache.keep_rows(stay)  # uploaded without blocking; the pointer stays (no device read)
         drafter.keep_rows(index)

@@ -34,7 +34,11 @@ from specdec.transfer import upload  # noqa: F401  (re-exported: the non-blockin
 
 _PACKAGE = str(Path(__file__).resolve().parent)
 _SYNC_OPS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
-             "aten::unique_dim", "aten::unique_consecutive", "aten::nonzero_static"}
+             "aten::unique_dim", "aten::unique_consecutive", "aten::nonzero_static", "aten::equal"}
+# Scalar reads as a dispatch mode meets them. Outside ``torch.inference_mode`` ``bool()``, ``int()``, ``float()`` and
+# ``.item()`` reach it as ``_local_scalar_dense``; inside it (every specdec forward runs there) as ``item`` and
+# ``is_nonzero``, whose own ``_local_scalar_dense`` runs below the mode: all count once, under one name.
+_SCALAR_READS = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero"}
 
 
 @dataclass
@@ -97,6 +101,16 @@ class HostTrace:
                 out.append(now)
         return out
 
+    def every_pass(self) -> list[PassRecord]:
+        """Every pass, those after which rows left and the last included: what a GPU pays per pass, retirements
+        and all (the last pass's record also holds the call's wrap-up after the loop: ``drafter.finish``, the
+        output's assembly, which read nothing back)."""
+        return self.passes
+
+    def sync_counts(self, records: list[PassRecord] | None = None) -> list[int]:
+        """Syncs per pass over ``records`` (default: :meth:`every_pass`)."""
+        return [r.sync_count for r in (self.every_pass() if records is None else records)]
+
     def sync_sites(self, records: list[PassRecord] | None = None) -> Counter:
         """``(what, site)`` -> how often, over ``records`` (default: the steady passes)."""
         return Counter(s for r in (self.steady() if records is None else records) for s in r.syncs)
@@ -151,11 +165,17 @@ class HostTrace:
 
     def _op(self, func: Any, args: tuple, kwargs: dict) -> None:
         name = func._schema.name
+        if name in _SCALAR_READS:
+            self._sync("_local_scalar_dense")
+            return  # a read, not a launch
+        if name == "aten::copy_" and len(args) > 1 and getattr(args[1], "_host_mirror", False) \
+                and not kwargs.get("non_blocking", args[2] if len(args) > 2 else False):
+            self._sync("copy_(host)")  # host bookkeeping copied into a device tensor: a blocking upload
         if name in _SYNC_OPS or (name == "aten::repeat_interleave" and kwargs.get("output_size") is None
                                  and func._overloadname.startswith("Tensor")) \
                 or (name in ("aten::index", "aten::index_put", "aten::index_put_") and _bool_index(args)):
             self._sync(name.removeprefix("aten::"))
-        if func.is_view or name in ("aten::detach", "aten::lift_fresh", "aten::_local_scalar_dense"):
+        if func.is_view or name in ("aten::detach", "aten::lift_fresh"):
             return
         region = self._regions[-1] if self._regions else "other"
         self._now.ops[region] += 1
@@ -173,7 +193,8 @@ class HostTrace:
 
         def counted(name: str, fn: Callable) -> Callable:
             def inner(self_: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-                trace._sync(name)
+                if not getattr(self_, "_host_mirror", False):  # reading host bookkeeping reads no device
+                    trace._sync(name)
                 trace._quiet += 1
                 try:
                     return fn(self_, *args, **kwargs)
@@ -257,11 +278,12 @@ def _bool_index(args: tuple) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (indices or ()) if i is not None)
 
 
-def sync_report(trace: HostTrace) -> str:
-    """A readable list of the steady passes' syncs by site (for assertion messages)."""
-    steady = trace.steady()
-    lines = [f"{len(steady)} steady passes, syncs per pass: {[r.sync_count for r in steady]}"]
-    lines += [f"  {n} x {what} at {site}" for (what, site), n in trace.sync_sites().most_common()]
+def sync_report(trace: HostTrace, records: list[PassRecord] | None = None) -> str:
+    """A readable list of the syncs of ``records`` (default: the steady passes) by site (for assertion messages)."""
+    records = trace.steady() if records is None else records
+    lines = [f"{len(records)} passes, syncs per pass: {[r.sync_count for r in records]}, rows per pass: "
+             f"{[r.batch for r in records]}"]
+    lines += [f"  {n} x {what} at {site}" for (what, site), n in trace.sync_sites(records).most_common()]
     return "\n".join(lines)
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from specdec import model_cache
 from specdec.errors import SpecdecError
 
 DEFAULT_MODEL = "smollm2"
@@ -104,23 +106,44 @@ def resolve_model_source(name_or_path: str = DEFAULT_MODEL) -> tuple[str, dict[s
     return path, kwargs
 
 
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def load_model(
-    name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    note: Callable[[str], None] | None = _stderr,
 ) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from the embedded default (``"smollm2"``) or a local directory / GGUF file.
 
     Nothing is downloaded: a name that is not a local path raises :class:`ModelNotFoundError`; a GGUF file
-    without the packages that read it raises :class:`MissingDependencyError`.
+    without the packages that read it raises :class:`MissingDependencyError`. A GGUF file's first load keeps a
+    converted copy in the user's cache (:mod:`specdec.model_cache`; ``SPECDEC_CACHE_DIR`` moves it,
+    ``SPECDEC_MODEL_CACHE=0`` turns it off), which later loads read in seconds; ``note`` gets the one-line
+    messages about it (default: stderr; None: silent).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_torch_for_transformers()
     path, kwargs = resolve_model_source(name_or_path)
-    if "gguf_file" in kwargs:
+    say = note or (lambda message: None)
+    gguf, copy, source = kwargs.get("gguf_file"), None, path
+    if gguf:
         check_gguf_dependencies()  # before transformers, whose messages name one package at a time
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs).to(device).eval()
-    if "gguf_file" in kwargs:
+        if model_cache.enabled():
+            copy = model_cache.copy_dir(os.path.join(path, gguf), dtype)
+            if model_cache.is_complete(copy):
+                source, kwargs = str(copy), {}
+            else:
+                say(f"first load of {gguf}: transformers converts it (about 30 s on 2 cores); a converted copy "
+                    f"goes to {copy.parent} so that later loads take seconds")
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs).to(device).eval()
+    if source != path:  # read from the copy: named as its GGUF load names it
+        model.config._name_or_path = model.name_or_path = tokenizer.name_or_path = path
+    elif copy is not None:
+        model_cache.write_copy(copy, model, tokenizer, gguf, say)
+    if gguf:
         align_special_tokens(model, tokenizer)
     return model, tokenizer
 

@@ -24,29 +24,33 @@ that package so that ``quant`` stays a leaf the engine and the drafters import.
 
 Timings are medians over ``repeats`` rounds, interleaved across schemes (and the verifier), so
 noise from other processes on the machine hits every scheme alike.
+
+Torch-free at import (``specdec quant-report --help`` reads the options below): what needs torch is imported
+when the report runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from specdec.costs import VerifyCost, chain_rate
 from specdec.metrics import expected_tokens
-from specdec.prompts import PromptFileError, encode_prompt, read_prompt_file, round_robin
-from specdec.quant import model_bytes, quantize
-from specdec.quant.grid import GRID_BOUND_NOTE, GRID_TOLERANCE, weight_error
+from specdec.prompts import PromptFileError, encode_prompt, plural, read_prompt_file, round_robin
 from specdec.quant.schemes import UnknownSchemeError, UnsupportedSchemeError, parse_scheme
-from specdec.runners.cache import cache_argument
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 DEFAULT_SCHEMES = "fp32,bf16,int8,int8-dynamic,int4,int4+head8"
 
@@ -93,6 +97,18 @@ def load_prompts(path: str | None = None, limit: int | None = None) -> list[str]
 # --------------------------------------------------------------------------------------------
 
 
+def _inference_mode(fn: _F) -> _F:
+    """``@torch.inference_mode()``, with torch imported when ``fn`` runs rather than when this module loads."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
 @dataclass
 class SchemeResult:
     """One row of the report."""
@@ -126,9 +142,11 @@ def estimate_speedup(a: float, draft_ms: float, verify_1: float, verify_8: float
     return chain_rate(a, k, k * draft_ms + verify(k + 1)) * verify_1
 
 
-@torch.inference_mode()
+@_inference_mode
 def _greedy_references(model, tokenizer, prompts: Sequence[str], positions: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(prompt ids, greedy continuation ids) per prompt, ``positions`` continuation tokens in all."""
+    import torch
+
     dev = next(model.parameters()).device
     per_prompt = max(1, math.ceil(positions / len(prompts)))
     refs, total = [], 0
@@ -147,12 +165,14 @@ def _greedy_references(model, tokenizer, prompts: Sequence[str], positions: int)
     return refs
 
 
-@torch.inference_mode()
+@_inference_mode
 def measure_agreement(draft: nn.Module, refs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
     """Top-1 agreement of ``draft`` with the reference continuations, run as a drafter runs:
     prefill the prompt, then one token per forward on a KV cache (dynamic int8 schemes quantize
     activations per call, so a whole-sequence forward would not measure the same thing)."""
     from transformers import DynamicCache
+
+    from specdec.runners.cache import cache_argument
 
     arg = cache_argument(draft)
     hits = n = 0
@@ -168,16 +188,20 @@ def measure_agreement(draft: nn.Module, refs: Sequence[tuple[torch.Tensor, torch
 
 
 def _context(refs, ctx: int, dev) -> torch.Tensor:
+    import torch
+
     seq = torch.cat([torch.cat([i, c], dim=1) for i, c in refs], dim=1)
     while seq.shape[1] < ctx + 8:
         seq = torch.cat([seq, seq], dim=1)
     return seq[:, : ctx + 8].to(dev)
 
 
-@torch.inference_mode()
+@_inference_mode
 def _time_rounds(models: dict[str, nn.Module], seq: torch.Tensor, ctx: int, repeats: int, warmup: int = 2) -> dict[str, tuple[float, float]]:
     """Median ms of a 1-token and an 8-token forward after ``ctx`` cached tokens, interleaved."""
     from transformers import DynamicCache
+
+    from specdec.runners.cache import cache_argument
 
     caches, args = {}, {name: cache_argument(m) for name, m in models.items()}
     for name, m in models.items():
@@ -226,6 +250,10 @@ def quant_report(
         ValueError: ``positions``, ``ctx``, ``repeats`` or ``max_k`` is below 1.
     """
     _check_sizes(positions=positions, ctx=ctx, repeats=repeats, max_k=max_k)
+    import torch
+
+    from specdec.quant import GRID_TOLERANCE, model_bytes, quantize, weight_error
+
     log = log or (lambda *_: None)
     skipped = []
     known = []
@@ -239,7 +267,7 @@ def quant_report(
     model.eval()
     dev = next(model.parameters()).device if device is None else torch.device(device)
     refs = _greedy_references(model, tokenizer, prompts, positions)
-    log(f"reference: {sum(c.shape[1] for _, c in refs)} greedy positions from {len(refs)} prompts")
+    log(f"reference: {sum(c.shape[1] for _, c in refs)} greedy positions from {plural(len(refs), 'prompt')}")
 
     drafts: dict[str, nn.Module] = {}
     meta: dict[str, dict[str, Any]] = {}
@@ -324,6 +352,8 @@ def format_table(report: dict[str, Any]) -> str:
     )
     bound = [r["scheme"] for r in report["schemes"] if r.get("grid_bound")]
     if bound:
+        from specdec.quant import GRID_BOUND_NOTE, GRID_TOLERANCE
+
         lines.append(f"GRID-BOUND {', '.join(bound)}: {GRID_BOUND_NOTE} "
                      f"(weight error <= {report.get('grid_tolerance', GRID_TOLERANCE):g})")
     for s in report["skipped"]:
@@ -383,6 +413,8 @@ def check_quant_report_arguments(args: argparse.Namespace) -> tuple[list[str], l
             parse_scheme(s)
         except UnknownSchemeError as e:
             raise SystemExit(f"error: --schemes: {e}") from None
+    import torch
+
     try:
         torch.device(args.device)
     except (RuntimeError, ValueError, TypeError):

@@ -109,6 +109,11 @@ class SpecStats(_Rates):
     order of the input batch). ``accepted_per_position[i]`` counts draft tokens accepted at draft
     position ``i`` (0-based; with trees: depth ``i + 1``) out of ``proposed_per_position[i]`` rows that
     drafted there. With trees, ``proposed`` counts tree nodes and ``tree`` is the configuration used.
+
+    ``tree`` is ``None`` for a chain run: it names a tree configuration, and chains have none.
+    :attr:`mean_tree_tokens` is a count of every run, chains included: the draft tokens the verifier scored per
+    row per pass (a chain's ``k``, less where adaptive ``k`` drafts less; a tree's nodes), so ``"tree": null``
+    beside a number there is a chain that scored that many drafts a pass, not a tree that went missing.
     """
 
     num_draft_tokens: int
@@ -141,7 +146,9 @@ class SpecStats(_Rates):
 
     @property
     def mean_tree_tokens(self) -> float:
-        """Draft tokens the verifier scored per row per pass: a tree's nodes (a chain is a tree of ``k``)."""
+        """Draft tokens the verifier scored per row per pass, for chains and trees alike: a tree's nodes, a
+        chain's drafts (``k``, or what adaptive ``k`` drafted). The same count as :attr:`mean_draft_length`,
+        under the name the tree reports use; a number on a chain run too (``tree`` is ``None`` there)."""
         return self.mean_draft_length
 
     @property
@@ -175,7 +182,9 @@ class SpecStats(_Rates):
             self.rows[r].record(n, a, c, span)
 
     def to_dict(self) -> dict:
-        """Plain-JSON view including the derived rates."""
+        """Plain-JSON view including the derived rates (``specdec generate --json``'s outputs). Every key is
+        there on every run: ``tree`` is ``null`` on a chain run and ``mean_tree_tokens`` still a number (the
+        draft tokens scored per pass, see :attr:`mean_tree_tokens`)."""
         data = asdict(self)
         data.pop("committed_per_step")
         data["rows"] = [row.to_dict() for row in self.rows]

@@ -18,3 +18,14 @@ def smollm2():
     from specdec.models import load_model
 
     return load_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Llama and the character tokenizer saved as a local model directory (``--model DIR``)."""
+    from tiny_models import char_tokenizer, make_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    make_model("llama").save_pretrained(root)
+    char_tokenizer().save_pretrained(root)
+    return str(root)

@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: torch-free helpers and self-contained packages (quantized copies, sizing, heads, grammars, prompts)
     ("specdec.errors", "specdec.metrics", "specdec.costs", "specdec.slots", "specdec.transfer", "specdec.acceptance", "specdec.stats",
      "specdec.stopping", "specdec.draft_registry", "specdec.trees.modes", "specdec.trees.config", "specdec.sizing",
-     "specdec.quant", "specdec.heads", "specdec.constraints", "specdec.prompts", "specdec.models"),
+     "specdec.quant", "specdec.heads", "specdec.constraints", "specdec.prompts", "specdec.models", "specdec.model_cache", "specdec.lazy"),
     ("specdec.runners",),  # a model over a managed cache
     ("specdec.processing", "specdec.arguments", "specdec.protocol", "specdec.committed"),  # the loop's vocabulary
     ("specdec.chains", "specdec.trees", "specdec.verification"),  # plans: chains and trees; one verify pass

@@ -104,6 +104,40 @@ def test_stop_strings_are_exact_and_cost_one_read_a_pass():
     assert all(r.sync_count <= 2 for r in trace.passes), sync_report(trace)
 
 
+# ---- a ragged batch in which a row retires: every pass counted, retirements included ---------------------------
+
+def _an_early_eos(model, ids, mask, new: int) -> int:
+    """A token that one row's greedy continuation emits early (as its 5th to 12th token) and no other row emits
+    within ``new`` tokens: with it as EOS, that row alone retires early."""
+    ref = model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0, max_new_tokens=new)
+    rows = ref[:, ids.shape[1]:].tolist()
+    for r, row in enumerate(rows):
+        for i, token in enumerate(row[4:12], start=4):
+            if token not in row[:i] and all(token not in other for o, other in enumerate(rows) if o != r):
+                return token
+    raise AssertionError(f"no early EOS for a single row in {rows}")
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_a_ragged_batch_reads_the_device_once_every_pass_through_retirements(model, kind):
+    """Prompts of 9, 7 and 5 tokens (left padded), one row stopping early at an EOS: every pass, those after which
+    a row leaves and the last included, makes exactly one blocking read (``Verified.read``), counted at the
+    dispatch level (scalar reads under inference mode, ``nonzero``, ``tolist``/``cpu``, blocking uploads). The
+    padding makes every session non-dense: its forwards take a 4-D mask built on the device, where a 2-D one
+    would be read back by transformers on every 1-token forward."""
+    ids, mask = _batch(rows=3)
+    eos = _an_early_eos(model, ids, mask, new=40)
+    gen = dict(max_new_tokens=40, do_sample=False, eos_token_id=eos)
+    trace, out = _traced(_spec(model, kind), ids, mask, **gen)
+    batches = [r.batch for r in trace.passes]
+    assert batches[0] == 3 and min(batches) < 3, batches  # a row left between passes, the others went on
+    assert len(trace.passes) >= 5
+    assert trace.sync_counts() == [1] * len(trace.passes), sync_report(trace, trace.every_pass())
+    assert all(what == "Tensor.tolist" and site.startswith("verification.py") for (what, site) in
+               trace.sync_sites(trace.every_pass())), sync_report(trace, trace.every_pass())
+    assert torch.equal(out, model.generate(ids, attention_mask=mask, pad_token_id=0, **gen))
+
+
 # ---- the counter itself: it must see what it claims to see ------------------------------------------------------
 
 def test_the_trace_counts_every_kind_of_device_read():
@@ -124,11 +158,43 @@ def test_the_trace_counts_every_kind_of_device_read():
                      "index", "torch.tensor(device=...)", "Tensor.to(device)", "Tensor.cpu"]
 
 
+def test_the_trace_counts_scalar_reads_under_inference_mode():
+    """Every specdec forward runs under ``torch.inference_mode()``, where ``bool``, ``.item()``, ``int`` and
+    ``float`` reach a dispatch mode as ``item`` / ``is_nonzero``, not as ``_local_scalar_dense``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):  # the negative control: which ops a dispatch mode sees
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    def reads(t, f):
+        bool(t[1] > 0)
+        t[0].item()
+        int(t.sum())
+        float(f)
+
+    with torch.inference_mode():
+        t, f = torch.arange(6, device="cpu"), torch.ones((), device="cpu")
+        with Names() as names:
+            reads(t, f)
+        with HostTrace() as trace:
+            reads(t, f)
+    # what the old counter looked for (``_local_scalar_dense`` at the dispatch level) is not there: it counted 0
+    assert names.names.count("aten::_local_scalar_dense") == 0
+    assert [what for what, _ in trace.records[0].syncs] == ["_local_scalar_dense"] * 4
+    assert trace.records[0].syncs[0][1] == "outside specdec"  # a site is still attributed
+
+
 def test_the_trace_does_not_count_device_work_or_host_bookkeeping():
     t = torch.arange(6, device="cpu")
     with HostTrace() as trace:
         u = (t * 2).cumsum(0).index_select(0, t.argmax().view(1))  # device ops, a tensor index: no read
-        torch.tensor([1, 2], device="cpu")  # host bookkeeping
+        torch.tensor([1, 2], device="cpu").tolist()  # host bookkeeping, read on the host
         u.to(u.device)  # a device tensor to its own device: a no-op
     assert trace.records[0].sync_count == 0
     assert trace.records[0].op_count >= 4

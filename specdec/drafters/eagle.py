@@ -292,13 +292,14 @@ class EagleDrafter(Drafter):
             self._fed_hidden = hidden
 
     def keep_rows(self, indices: torch.Tensor) -> None:
-        self._cache.keep_rows(indices)
-        self._committed = self._committed.index_select(0, indices.to(self._committed.device))
-        index = indices.tolist()
+        index = indices.tolist()  # host data (the engine's index): uploaded once, without blocking
+        on_device = upload(index, torch.long, self._committed.device)
+        self._cache.keep_rows(on_device)
+        self._committed = self._committed.index_select(0, on_device)
         self._lengths = [self._lengths[i] for i in index]
         self._committed_lengths = [self._committed_lengths[i] for i in index]
         if self._pads_t is not None:
-            self._pads_t = self._pads_t.index_select(0, indices.to(self._pads_t.device))
+            self._pads_t = self._pads_t.index_select(0, on_device)
         if self._pending:
             self._pending = [self._pending[i] for i in index]
             self._pending_counts, self._fed_hidden = None, None

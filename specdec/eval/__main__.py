@@ -71,15 +71,16 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     data.add_argument("--dataset", default=None,
                       help="local .json/.jsonl/.csv/.tsv/.parquet file or dataset directory, 'json-schema' (shipped: "
                            "JSON answers against schemas), or a hub dataset name (needs the hub); default: the "
-                           "Spec-Bench questions when present")
+                           "Spec-Bench questions when present ($SPECDEC_SPEC_BENCH or "
+                           "shared/data/spec_bench/question.jsonl beside the repository; a clone has none)")
     data.add_argument("--split", default="train", help="split of a dataset directory or hub dataset (default: train)")
     data.add_argument("--dataset-config", default=None, help="configuration name of a hub dataset")
     data.add_argument("--prompt-column", default=None, help="text column (default: 'prompt', or Spec-Bench 'turns')")
     data.add_argument("--group-column", default=None,
                       help="task-group column (default: 'category'/'task'/'group'; Spec-Bench ids 81-160 form mt_bench)")
     data.add_argument("--per-group", type=_per_group, default=_AUTO, metavar="N|all",
-                      help="first N prompts of each task group (default: 1 per group; all prompts of a set "
-                           "without groups)")
+                      help="first N prompts of each task group (default: 1 per group); in a set without groups "
+                           "(no category/task/group on any row) each prompt is its own group, so every prompt runs")
 
     gen = parser.add_argument_group("methods")
     gen.add_argument("--model", default="smollm2", help="'smollm2' (embedded default) or a local model directory / .gguf")
@@ -152,11 +153,14 @@ def _command_line(argv: list[str]) -> str:
 
 
 def _select(prompts: list, per_group: Any) -> tuple[list, int | None]:
-    """``--per-group``: the default takes 1 per task group, but every prompt of a set without groups."""
-    from specdec.prompts import DEFAULT_GROUP, select_per_group
+    """``--per-group``: the default takes 1 per task group. A set without groups has each prompt as its own
+    group, so every ``N`` keeps every prompt (recorded as ``all``)."""
+    from specdec.prompts import select_per_group, ungrouped
 
-    if per_group == _AUTO:
-        per_group = None if {p.group for p in prompts} == {DEFAULT_GROUP} else 1
+    if ungrouped(prompts):
+        per_group = None
+    elif per_group == _AUTO:
+        per_group = 1
     return select_per_group(prompts, per_group), per_group
 
 
@@ -174,6 +178,12 @@ def run_eval(args: argparse.Namespace) -> int:
             check_device(args.device)
         except DeviceError as err:
             raise SystemExit(f"error: --device {err}") from None
+    from specdec.prompts import default_dataset, missing_default_dataset, plural
+
+    # a clone has no Spec-Bench file: say so, with the shipped sets, before torch and the model load
+    dataset = args.dataset or default_dataset()
+    if dataset is None:
+        raise SystemExit(f"error: {missing_default_dataset('--dataset')}")
 
     import torch
     from accelerate import PartialState
@@ -182,12 +192,8 @@ def run_eval(args: argparse.Namespace) -> int:
     from specdec.eval.json_schema import require_schemas
     from specdec.eval.runner import run_eval as evaluate_model
     from specdec.models import load_model
-    from specdec.prompts import default_dataset, load_prompts
+    from specdec.prompts import load_prompts
 
-    dataset = args.dataset or default_dataset()
-    if dataset is None:
-        raise SystemExit("error: no --dataset given and the Spec-Bench questions were not found; pass a JSONL file "
-                         "with one {\"prompt\": ...} per line")
     try:
         prompts = load_prompts(dataset, split=args.split, config=args.dataset_config,
                                prompt_column=args.prompt_column, group_column=args.group_column)
@@ -201,7 +207,7 @@ def run_eval(args: argparse.Namespace) -> int:
     state = PartialState(cpu=on_cpu)
     device = state.device if args.device == "auto" else torch.device(args.device)
     say = _log if state.is_main_process else (lambda *a: None)
-    say(f"{len(prompts)} prompts from {dataset}; loading {args.model} ({args.dtype}) on {device} ...")
+    say(f"{plural(len(prompts), 'prompt')} from {dataset}; loading {args.model} ({args.dtype}) on {device} ...")
     try:
         model, tokenizer = load_model(args.model, dtype=getattr(torch, args.dtype), device=device)
     except SpecdecError as err:  # no such model, a torch too old

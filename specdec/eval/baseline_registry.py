@@ -83,6 +83,12 @@ class Baseline:
         note: ``note(entry)`` returns a paragraph for the report about its ``summary.json`` entry (``""``: none).
         settings: the :class:`~specdec.eval.EvalConfig` fields its ``generate_kwargs`` reads that other methods
             ignore (``"prompt_lookup_num_tokens"``): recorded in ``eval_config.json`` only when it runs.
+        reference: the reference of every run (one baseline only, ``hf``): it always runs, speedups are first
+            against it, and ``identical`` counts greedy outputs equal to its own (it has no such count itself).
+            :func:`reference_baseline` returns it.
+        speedup_key: the ``summary.json`` key under which every method's speedup against it is written too, beside
+            ``speedup_vs`` (``hf``: ``"speedup"``; ``hf-compiled``: ``"speedup_vs_hf_compiled"``); null there when
+            it did not run. None: in ``speedup_vs`` only.
     """
 
     name: str
@@ -97,6 +103,8 @@ class Baseline:
     summarize: Callable[[Sequence[Mapping[str, Any]]], Mapping[str, Any]] | None = None
     note: Callable[[Mapping[str, Any]], str] | None = None
     settings: tuple[str, ...] = ()
+    reference: bool = False
+    speedup_key: str | None = None
 
 
 def register_baseline(baseline: Baseline, *, builtin: bool = False) -> Baseline:
@@ -126,6 +134,15 @@ def register_baseline(baseline: Baseline, *, builtin: bool = False) -> Baseline:
     if name in _BASELINES:
         why = "a built-in baseline" if name in _BUILTIN else f"already registered; unregister_baseline({name!r}) first"
         raise ValueError(f"baseline {name!r} is {why}")
+    if baseline.reference and any(b.reference for b in _BASELINES.values()):
+        raise ValueError(f"baseline {name!r}: the run has one reference, {reference_baseline().name!r}")
+    if baseline.speedup_key is not None:
+        if not isinstance(baseline.speedup_key, str) or not baseline.speedup_key.isidentifier():
+            raise TypeError(f"baseline {name!r}: speedup_key must be a summary.json key (an identifier) or None, "
+                            f"got {what(baseline.speedup_key)}")
+        taken = [b.name for b in _BASELINES.values() if b.speedup_key == baseline.speedup_key]
+        if taken:
+            raise ValueError(f"baseline {name!r}: speedup_key {baseline.speedup_key!r} is baseline {taken[0]!r}'s")
     if builtin:
         _BUILTIN.add(name)
     _BASELINES[name] = baseline
@@ -162,6 +179,19 @@ def get_baseline(name: str) -> Baseline | None:
 def baselines() -> list[Baseline]:
     """Every registered baseline, in the order methods are planned (built-ins first)."""
     return list(_BASELINES.values())
+
+
+def reference_baseline() -> Baseline:
+    """The baseline declared ``reference`` (``hf``): speedups and output identity are measured against it."""
+    for baseline in _BASELINES.values():
+        if baseline.reference:
+            return baseline
+    raise LookupError("no baseline is declared the reference (Baseline(..., reference=True))")
+
+
+def speedup_keys() -> dict[str, str]:
+    """``summary.json`` key -> baseline name, for the baselines that declare a ``speedup_key``, in planning order."""
+    return {b.speedup_key: b.name for b in _BASELINES.values() if b.speedup_key is not None}
 
 
 def baseline_names() -> tuple[str, ...]:

@@ -25,14 +25,16 @@ from specdec.eval.baseline_registry import (
     baselines,
     get_baseline,
     model_generate,
+    reference_baseline,
     register_baseline,
     registered_baseline,
+    speedup_keys,
     unregister_baseline,
 )
 
 __all__ = [
-    "Baseline", "BaselineSetup", "baseline_names", "baselines", "get_baseline", "model_generate", "register_baseline",
-    "registered_baseline", "unregister_baseline",
+    "Baseline", "BaselineSetup", "baseline_names", "baselines", "get_baseline", "model_generate", "reference_baseline",
+    "register_baseline", "registered_baseline", "speedup_keys", "unregister_baseline",
 ]
 
 HF, HF_COMPILED, HF_ASSISTED, HF_PROMPT_LOOKUP = "hf", "hf-compiled", "hf-assisted", "hf-prompt-lookup"
@@ -136,7 +138,7 @@ def compile_decode_step(runner: Any, batches: Sequence[tuple[Any, Any]], gen_kwa
             times.append(time.perf_counter() - start)
         total += max(0.0, times[0] - times[1])
     if getattr(runner.model, "_compiled_call", None) is None:
-        raise RuntimeError(f"hf-compiled: transformers' generate did not compile the decode step of "
+        raise RuntimeError(f"{HF_COMPILED}: transformers' generate did not compile the decode step of "
                            f"{type(runner.model).__name__} (its auto-compile criteria were not met)")
     return total
 
@@ -164,7 +166,7 @@ def _compile_figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _compile_note(entry: Mapping[str, Any]) -> str:
     """The report's paragraph on ``hf-compiled``'s compile cost (excluded from its tokens/s)."""
     seconds = entry.get("compile_seconds")
-    note = (f"`hf-compiled` (static cache, decode step through `torch.compile`) compiled for "
+    note = (f"`{entry['name']}` (static cache, decode step through `torch.compile`) compiled for "
             f"{'-' if seconds is None else format(seconds, '.1f')} s before its first timed call; that time is not "
             "in its tok/s.")
     if entry.get("compiled_graphs"):
@@ -176,11 +178,11 @@ def _compile_note(entry: Mapping[str, Any]) -> str:
 # the declarations, in planning order
 # --------------------------------------------------------------------------------------------
 
-register_baseline(Baseline(HF, model_generate), builtin=True)
+register_baseline(Baseline(HF, model_generate, reference=True, speedup_key="speedup"), builtin=True)
 register_baseline(Baseline(
     HF_COMPILED, model_generate, prepare=_compile_before_timing, label="compiled",
     reference_line={"color": "gray", "linestyle": "-."},  # the bar a performance-minded user would set
-    summarize=_compile_figures, note=_compile_note,
+    summarize=_compile_figures, note=_compile_note, speedup_key="speedup_vs_hf_compiled",
 ), builtin=True)
 register_baseline(Baseline(
     HF_ASSISTED, model_generate, generate_kwargs=_assistant, needs_draft=True, drafts=True, batchable=False,

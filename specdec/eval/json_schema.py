@@ -20,6 +20,7 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdec.errors import SpecdecError
+from specdec.prompts.wording import plural
 
 #: longest reason :func:`check_output` gives (records stay small)
 _REASON_CHARS = 200
@@ -47,7 +48,7 @@ def require_schemas(prompts: Sequence[Any]) -> None:
     if missing:
         ids = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise SchemaError(f"--json-schema needs a JSON schema per prompt ('schema' field), and {len(missing)} of "
-                          f"{len(prompts)} prompts have none (id {ids}); use --dataset json-schema or a set whose "
+                          f"{plural(len(prompts), 'prompt')} {'has' if len(missing) == 1 else 'have'} none (id {ids}); use --dataset json-schema or a set whose "
                           "rows have a 'schema' object")
     for p in prompts:
         try:

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from specdec.eval.baselines import get_baseline
+from specdec.eval.baselines import get_baseline, reference_baseline
 
 _DPI = 110
 
@@ -26,8 +26,9 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def plot_speedup_per_group(summary: Mapping[str, Any], path: Path) -> Path | None:
-    """Grouped bars: speedup over ``hf`` per task group (and overall) for every other method."""
-    methods = [m for m in summary["methods"] if m["kind"] != "hf"]
+    """Grouped bars: speedup over the reference baseline (``hf``) per task group (and overall) for every other method."""
+    reference = reference_baseline().name
+    methods = [m for m in summary["methods"] if m["kind"] != reference]
     if not methods:
         return None
     groups = [*summary["groups"], "overall"]

@@ -38,6 +38,10 @@ Prompts with a JSON schema (``specdec eval --dataset json-schema``, with or with
 answered); both are ``null`` for prompts without one. A method that raised on a prompt has an error record for it:
 ``errors`` counts them and ``error`` is the first one's message (one line). Its figures are over the prompts it
 answered, and each ``speedup_vs`` over the prompts both methods answered.
+
+What a baseline adds here is read from its declaration (:class:`~specdec.eval.baselines.Baseline`): which one is
+the reference (``speedup``, ``identical``), which speedups get a key of their own (``speedup_key``), its own figures
+(``summarize``) and its paragraph in the report (``note``): no code here names a baseline.
 """
 
 from __future__ import annotations
@@ -51,11 +55,11 @@ from statistics import mean
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdec import metrics
-from specdec.eval.baselines import get_baseline
-from specdec.eval.methods import HF_COMPILED
+from specdec.eval.baselines import get_baseline, reference_baseline, speedup_keys
+from specdec.eval.baseline_registry import SPECDEC
 from specdec.eval.metrics import compute_metric
 from specdec.eval.records import OUTPUT_FILES, REPORT_FILE, SUMMARY_FILE, load_records
-from specdec.prompts import Prompt, group_order
+from specdec.prompts import Prompt, group_order, plural
 
 OVERALL = "overall"
 
@@ -68,7 +72,8 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
              speculative: bool, greedy: bool, reference: Mapping[str, Sequence[int]], compare: bool = True) -> dict[str, Any]:
     """Pooled figures of one method over ``rows`` (one per prompt), against each baseline's rows on the same prompts.
 
-    ``speculative``: the method drafts (acceptance figures); ``compare``: count its greedy outputs equal to ``hf``'s.
+    ``speculative``: the method drafts (acceptance figures); ``compare``: count its greedy outputs equal to the
+    reference baseline's (``reference``: its output ids by prompt id).
     """
     tokens = [r["new_tokens"] for r in rows]  # rows: measured records only (no error records)
     seconds = [r["seconds"] for r in rows]
@@ -89,15 +94,15 @@ def _figures(rows: Sequence[Mapping[str, Any]], baseline_rows: Mapping[str, Sequ
             "speedup", new_tokens=[r["new_tokens"] for r in ours], seconds=[r["seconds"] for r in ours],
             baseline_new_tokens=[r["new_tokens"] for r in theirs], baseline_seconds=[r["seconds"] for r in theirs],
         )["speedup"])
-    fig["speedup"] = ratios.get("hf")
-    fig["speedup_vs_hf_compiled"] = ratios.get(HF_COMPILED)
+    for key, name in speedup_keys().items():  # "speedup" (against the reference), ... as the baselines declare
+        fig[key] = ratios.get(name)
     fig["speedup_vs"] = ratios
     fig.update(_validity(rows))
     keys = ("proposed", "accepted", "acceptance_rate", "acceptance_by_position", "mean_accepted_length",
             "mean_draft_length", "mean_tree_tokens", "identical")
     fig.update(dict.fromkeys(keys))
     if greedy and compare:
-        compared = [r for r in rows if r["prompt_id"] in reference]  # hf answered them
+        compared = [r for r in rows if r["prompt_id"] in reference]  # the reference answered them
         fig["identical"] = None if not compared else compute_metric(
             "token_exact_match", predictions=[r["output_ids"] for r in compared],
             references=[reference[r["prompt_id"]] for r in compared])["matches"]
@@ -162,10 +167,11 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
     # complete: every method has a record, measured or an error (a method that raised is not left out of the run)
     complete = [p for p in prompts if all((p.id, n) in by_key for n in names)]
     groups = group_order(complete)
-    baselines = [m.name for m in methods if not m.kind == "specdec"]
+    baselines = [m.name for m in methods if not m.kind == SPECDEC]
     greedy = not config.get("do_sample", False)
-    reference = {p.id: by_key[(p.id, "hf")]["output_ids"] for p in complete
-                 if by_key[(p.id, "hf")].get("error") is None}
+    ref = reference_baseline().name  # every run has it: the speedups' and the outputs' reference
+    reference = {p.id: by_key[(p.id, ref)]["output_ids"] for p in complete
+                 if by_key[(p.id, ref)].get("error") is None}
     batch_size = int(config.get("batch_size") or 1)  # tokens_per_s and speedups are then batched throughput
 
     def all_rows(name: str, group: str | None = None) -> list[Mapping[str, Any]]:
@@ -177,15 +183,15 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
 
     entries = []
     for m in methods:
-        bases = {b: rows(b) for b in baselines if b != m.name or b == "hf"}
-        compare = m.kind != "hf"
+        bases = {b: rows(b) for b in baselines if b != m.name or b == ref}
+        compare = m.kind != ref
         entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k, "batch_size": batch_size,
                  **_figures(rows(m.name), bases, m.speculative, greedy, reference, compare),
                  **_errors(all_rows(m.name))}
         baseline = get_baseline(m.kind)
         if baseline is not None and baseline.summarize is not None:  # its own figures (hf-compiled: compile cost)
             entry.update(baseline.summarize(rows(m.name)))
-        if m.kind == "specdec":  # the configuration used: the last record's (auto: with what it learnt)
+        if m.kind == SPECDEC:  # the configuration used: the last record's (auto: with what it learnt)
             entry["tree"] = next((r.get("tree") for r in reversed(rows(m.name)) if r.get("tree")), None)
             entry.update(_verifier_compile_figures(rows(m.name), bool(getattr(m, "compiled", False))))
         entry["groups"] = {
@@ -226,6 +232,7 @@ def _has_errors(summary: Mapping[str, Any]) -> bool:
 
 def _table_rows(summary: Mapping[str, Any], group: str | None) -> tuple[list[str], list[list[str]]]:
     baselines = summary["baselines"]
+    ref = reference_baseline().name
     valid, errors = _has_validity(summary), _has_errors(summary)
     head = ["method", "prompts", "tokens", "tok/s", *[f"vs {b}" for b in baselines], "accept", "mean len",
             "draft len", "TTFT ms", "TPOT ms", "identical"]
@@ -235,7 +242,7 @@ def _table_rows(summary: Mapping[str, Any], group: str | None) -> tuple[list[str
         f = m if group is None else m["groups"].get(group)
         if f is None:
             continue
-        vs = [("-" if b == m["name"] and b != "hf" else _fmt(f["speedup_vs"].get(b))) for b in baselines]
+        vs = [("-" if b == m["name"] and b != ref else _fmt(f["speedup_vs"].get(b))) for b in baselines]
         ident = "-" if f["identical"] is None else f"{f['identical']}/{f['prompts']}"
         extra = []
         if valid:
@@ -275,19 +282,19 @@ def _describe(summary: Mapping[str, Any]) -> str:
     mode = "greedy" if not c.get("do_sample") else f"sampling (temperature {c.get('temperature')}, top-p {c.get('top_p')})"
     parts = [f"model `{c.get('model')}` ({c.get('dtype', '?')}, {c.get('device', '?')})", mode,
              f"{c.get('max_new_tokens')} new tokens", "chat template" if c.get("chat_template") else "raw prompts",
-             f"{summary['prompts']} prompts" + (f" from `{c['dataset']}`" if c.get("dataset") else "")]
+             plural(summary['prompts'], "prompt") + (f" from `{c['dataset']}`" if c.get("dataset") else "")]
     if c.get("per_group"):
         parts[-1] += f" ({c['per_group']} per group)"
     if c.get("batch_size", 1) > 1:
-        parts.append(f"batches of {c['batch_size']} prompts (throughput = all new tokens of a batch over its wall "
-                     "time; identity against `hf` on the same batch)")
+        parts.append(f"batches of {plural(c['batch_size'], 'prompt')} (throughput = all new tokens of a batch over its wall "
+                     f"time; identity against `{reference_baseline().name}` on the same batch)")
     if c.get("num_processes", 1) > 1:
         parts.append(f"{c['num_processes']} processes")
     return ", ".join(parts) + "."
 
 
 def _baseline_notes(summary: Mapping[str, Any]) -> list[str]:
-    """The paragraphs the baselines of the run declare about their entries (hf-compiled: its compile cost)."""
+    """The paragraphs the baselines of the run declare about their entries (``Baseline.note``)."""
     notes = []
     for m in summary["methods"]:
         baseline = get_baseline(m["kind"])
@@ -343,7 +350,8 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
     lines += ["`vs X` columns are tokens/s ratios against method X in this run; `accept` is the draft acceptance rate, "
               "`mean len` the tokens committed per verifier pass, `draft len` the draft tokens proposed per verifier "
               "pass (k, or less where adaptive k drafts less; for `tree=` methods the tree's nodes, and `accept` is "
-              "accepted over scored nodes), `identical` the greedy outputs equal to `hf`'s.", ""]
+              f"accepted over scored nodes), `identical` the greedy outputs equal to `{reference_baseline().name}`'s.",
+              ""]
     for note in (*_baseline_notes(summary), _verifier_compile_note(summary), _schema_note(summary)):
         if note:
             lines += [note, ""]

@@ -50,7 +50,7 @@ from specdec.eval.records import (
     shard_path,
 )
 from specdec.eval.report import EvalReport, build_summary, write_outputs
-from specdec.prompts import Prompt, as_prompts, encode_batch
+from specdec.prompts import Prompt, as_prompts, encode_batch, plural
 
 
 def run_eval(model: Any, tokenizer: Any, prompts: Any, config: EvalConfig) -> EvalReport:
@@ -286,7 +286,7 @@ def _measure_batch(runners: Mapping[str, Any], batch: Sequence[tuple[int, Prompt
     for name, (_, results) in measured.items():
         graphs = results[0].compiled_graphs  # methods prepared before timing (hf-compiled): graphs compiled since
         if graphs:  # recorded too (compiled_graphs); should not happen with one static cache length
-            warnings.warn(f"{name} compiled {graphs} graph(s) inside a timed call (batch of prompt "
+            warnings.warn(f"{name} compiled {plural(graphs, 'graph')} inside a timed call (batch of prompt "
                           f"{batch[0][1].id}): its tokens/s include that compile time", stacklevel=2)
     records = []
     for b, (index, prompt) in enumerate(batch):

@@ -65,7 +65,7 @@ class Comparison:
     results: list[PromptResult] = field(default_factory=list)
     num_draft_tokens: int = 0
     draft: str = ""
-    tree: dict | None = None  # the tree configuration of the last call (None: chains)
+    tree: dict | None = None  # the tree configuration of the last call (None: chains, which have none)
     compile_verifier: bool = False
     verifier_compile_seconds: float | None = None  # compile_verifier: priming its graphs, before any timed call
 
@@ -75,7 +75,8 @@ class Comparison:
 
     @property
     def mean_tree_tokens(self) -> float:
-        """Draft tokens the verifier scored per pass (a tree's nodes; a chain's k), pooled over the prompts."""
+        """Draft tokens the verifier scored per pass, pooled over the prompts, for chains and trees alike (a
+        tree's nodes; a chain's k): a number on a chain run too, where :attr:`tree` is ``None``."""
         return metrics.mean_draft_length(self._totals("proposed"), self._totals("verifier_forwards"))
 
     @property
@@ -105,7 +106,12 @@ class Comparison:
         return metrics.mean_accepted_length(self._totals("committed_tokens"), self._totals("verifier_forwards"))
 
     def summary(self) -> dict[str, Any]:
-        """The JSON contract of ``specdec demo --json`` / ``specdec generate --compare --json``."""
+        """The JSON contract of ``specdec demo --json`` / ``specdec generate --compare --json``.
+
+        Every key is there on every run. ``tree`` is the tree configuration, ``null`` on a chain run;
+        ``mean_tree_tokens`` is the draft tokens the verifier scored per pass on any run (a chain's k), as in
+        ``specdec eval``'s summary.
+        """
         return {
             "prompts": len(self.results),
             "identical": sum(r.identical for r in self.results),

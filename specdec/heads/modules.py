@@ -51,7 +51,9 @@ class HeadCache:
         self.keys, self.values = [pad(k) for k in self.keys], [pad(v) for v in self.values]
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        index = index.to(self.lengths.device)
+        """Keep the rows ``index`` lists: a device tensor (uploaded by the caller), else copied there (blocking)."""
+        if index.device != self.lengths.device:
+            index = index.to(self.lengths.device)
         self.keys = [k.index_select(0, index) for k in self.keys]
         self.values = [v.index_select(0, index) for v in self.values]
         self.lengths = self.lengths.index_select(0, index)

@@ -16,14 +16,15 @@ JSONL files with :func:`read_prompt_file` (strict, one-line errors naming the fi
 Modules: :mod:`~specdec.prompts.schema` (fields, :class:`Prompt`, :class:`PromptRecord`),
 :mod:`~specdec.prompts.files` (JSONL reader), :mod:`~specdec.prompts.sets` (``datasets`` loader),
 :mod:`~specdec.prompts.groups` (per-group selection, group order), :mod:`~specdec.prompts.encode`,
-:mod:`~specdec.prompts.builtin` (the sets shipped with specdec, such as ``json-schema``).
+:mod:`~specdec.prompts.builtin` (the sets shipped with specdec, such as ``json-schema``),
+:mod:`~specdec.prompts.wording` (counts in messages: ``1 prompt``, ``2 prompts``).
 Nothing here imports torch or ``datasets`` until it is used.
 """
 
 from specdec.prompts.builtin import BUILTIN_SETS, builtin_set
 from specdec.prompts.encode import encode_batch, encode_prompt
 from specdec.prompts.files import PromptFileError, json_rows, read_prompt_file, read_prompt_text
-from specdec.prompts.groups import group_order, round_robin, select_per_group
+from specdec.prompts.groups import group_order, round_robin, select_per_group, ungrouped
 from specdec.prompts.schema import (
     DEFAULT_GROUP,
     GROUP_FIELDS,
@@ -44,8 +45,10 @@ from specdec.prompts.sets import (
     default_dataset,
     load_prompts,
     load_rows,
+    missing_default_dataset,
     rows_to_prompts,
 )
+from specdec.prompts.wording import plural
 
 __all__ = [
     "BUILTIN_SETS",
@@ -71,10 +74,13 @@ __all__ = [
     "group_order",
     "load_prompts",
     "load_rows",
+    "missing_default_dataset",
+    "plural",
     "read_prompt_file",
     "read_prompt_text",
     "round_robin",
     "row_text",
     "rows_to_prompts",
     "select_per_group",
+    "ungrouped",
 ]

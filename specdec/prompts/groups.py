@@ -1,8 +1,13 @@
-"""Choosing prompts by task group: every helper keeps groups in order of first appearance."""
+"""Choosing prompts by task group: every helper keeps groups in order of first appearance.
+
+A set without groups (no row names one) has each prompt as its own group for :func:`select_per_group`.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Hashable, Iterable, Sequence, TypeVar
+
+from specdec.prompts.schema import DEFAULT_GROUP
 
 T = TypeVar("T")  # anything with a ``group`` attribute: Prompt, PromptRecord
 
@@ -20,12 +25,25 @@ def group_order(items: Iterable[Any]) -> list[Any]:
     return list(by_group(items))
 
 
+def ungrouped(items: Iterable[Any]) -> bool:
+    """Whether ``items`` come from a set without groups: no item names one (each group is ``None``, as a
+    :class:`~specdec.prompts.schema.PromptRecord` without one, or :data:`~specdec.prompts.schema.DEFAULT_GROUP`,
+    as a :class:`~specdec.prompts.schema.Prompt` without one)."""
+    return all(item.group in (None, DEFAULT_GROUP) for item in items)
+
+
 def select_per_group(items: Sequence[T], per_group: int | None) -> list[T]:
-    """The first ``per_group`` items of each group, groups in order of first appearance (``None``: all)."""
+    """The first ``per_group`` items of each group, groups in order of first appearance (``None``: all).
+
+    In a set without groups (:func:`ungrouped`) each item counts as its own group, so any ``per_group``
+    keeps every item: a file of two prompts without a ``category`` runs both under ``--per-group 1``.
+    """
     if per_group is None:
         return list(items)
     if per_group < 1:
         raise ValueError(f"per_group must be >= 1 (or None for all), got {per_group}")
+    if ungrouped(items):
+        return list(items)
     return [item for bucket in by_group(items).values() for item in bucket[:per_group]]
 
 

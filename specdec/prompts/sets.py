@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from specdec.errors import SpecdecError
-from specdec.prompts.builtin import builtin_set
+from specdec.prompts.builtin import BUILTIN_SETS, builtin_set
 from specdec.prompts.groups import select_per_group
 from specdec.prompts.schema import (
     DEFAULT_GROUP,
@@ -57,6 +57,16 @@ def default_dataset() -> Path | None:
     repo = Path(__file__).resolve().parents[2]
     candidates += [repo.parent / rel, repo / rel, Path.cwd().parent / rel, Path.cwd() / rel]
     return next((p for p in candidates if p.is_file()), None)
+
+
+def missing_default_dataset(flag: str | None = None) -> str:
+    """The one-line error of a run that names no prompt set where the Spec-Bench questions are not found (a fresh
+    clone has none): where they were looked for, and the sets shipped with specdec (:data:`BUILTIN_SETS`) to use
+    instead, as ``flag NAME`` (the command line's ``--dataset``) or, without ``flag``, by name."""
+    shipped = ", ".join(f"{flag} {name}" if flag else repr(name) for name in BUILTIN_SETS)
+    return (f"no {flag or 'prompt set'} given and the Spec-Bench questions were not found (${SPEC_BENCH_ENV}, or "
+            "shared/data/spec_bench/question.jsonl beside the repository or the current directory); use a set "
+            f"shipped with specdec ({shipped}) or a JSONL file with one {{\"prompt\": ...}} per line")
 
 
 def _looks_like_path(source: str) -> bool:
@@ -182,18 +192,17 @@ def load_prompts(
             (needs the hub to be reachable). ``None``: the Spec-Bench questions (:func:`default_dataset`).
         split / config: for directories and hub datasets.
         prompt_column / group_column: override the detected columns.
-        per_group: keep the first N prompts of each group (``None``: all).
+        per_group: keep the first N prompts of each group (``None``: all); in a set without groups each
+            prompt is its own group, so every prompt is kept (:func:`~specdec.prompts.groups.select_per_group`).
 
     Raises:
-        DatasetError: the source cannot be found, loaded or has no usable prompt column.
+        DatasetError: the source cannot be found, loaded or has no usable prompt column; ``source`` is None
+            and the Spec-Bench questions are not found (:func:`missing_default_dataset`).
     """
     if source is None:
         source = default_dataset()
         if source is None:
-            raise DatasetError(
-                f"no prompt set given and the Spec-Bench questions were not found (set ${SPEC_BENCH_ENV} or pass a "
-                "JSONL file with one 'prompt' per line)"
-            )
+            raise DatasetError(missing_default_dataset())
     data = load_rows(source, split=split, config=config)
     prompts = rows_to_prompts(
         data, data.column_names, source=str(source), prompt_column=prompt_column, group_column=group_column

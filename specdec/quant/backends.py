@@ -57,7 +57,49 @@ def torch_ao_available(device: str) -> str | None:
         return f"torch.ao.quantization is not importable ({e})"
     if not ({"x86", "fbgemm", "qnnpack", "onednn"} & set(torch.backends.quantized.supported_engines)):
         return "this torch build has no quantized CPU engine"  # pragma: no cover
-    return None
+    return _dynamic_engine()[1]
+
+
+@contextlib.contextmanager
+def _engine(name: str):
+    """torch's quantized engine set to ``name`` while packing weights (the packed weights keep their engine's
+    kernel), and the user's setting restored after."""
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+@functools.lru_cache(maxsize=None)
+def engine_saturates(engine: str) -> bool:
+    """Whether ``engine``'s dynamic int8 Linear is wrong at the full 8-bit activation range.
+
+    fbgemm and oneDNN on a CPU without VNNI (AVX2 only) add pairs of u8 x s8 products in int16
+    (``vpmaddubsw``), which saturates at 32767 where two products reach 2 x 255 x 127: on SmolLM2 that
+    took top-1 agreement from 0.85 to 0.0. The probe is one layer in which every pair saturates there:
+    weights at +127 and activations at 255, the output compared with the float product."""
+    k = 64
+    with _quiet(), _engine(engine):
+        layer = _full_range_dynamic_linear_class().from_float(_stub(torch.ones(2, k, device="cpu"), None))
+        x = torch.ones(1, k, device="cpu")
+        x[0, 0] = 0.0  # the activations' minimum at 0 puts the zero point at 0 and 1.0 at code 255
+        y = layer(x)
+    return bool(((y - (k - 1)).abs() > 0.05 * (k - 1)).any())
+
+
+@functools.lru_cache(maxsize=None)
+def _dynamic_engine() -> tuple[str | None, str | None]:
+    """``(engine, None)`` for the quantized engine ``int8-dynamic`` packs with, or ``(None, why)``: torch's
+    current engine where its full-range kernel is exact, else QNNPACK (16-bit products, no saturation)."""
+    current = torch.backends.quantized.engine
+    if not engine_saturates(current):
+        return current, None
+    if "qnnpack" in torch.backends.quantized.supported_engines and not engine_saturates("qnnpack"):
+        return "qnnpack", None
+    return None, (f"torch's dynamic int8 kernel ({current}) saturates 8-bit activations on this CPU (no VNNI) and "
+                  "no exact engine is available; use int8")
 
 
 def _dynamic_qconfig():
@@ -81,7 +123,8 @@ def _full_range_dynamic_linear_class():
 
         The stock forward hard-codes ``reduce_range=True`` (7-bit activations, a guard against
         int16 saturation on pre-VNNI AVX2); with it SmolLM2's top-1 agreement drops from 0.84 to
-        0.72. On a CPU without VNNI the full range may saturate: measure with quant-report.
+        0.72. Where the full range saturates, :func:`engine_saturates` finds it and the weights are
+        packed for QNNPACK instead.
         """
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,19 +137,30 @@ def _full_range_dynamic_linear_class():
     return FullRangeDynamicLinear
 
 
+def _stub(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    """A float Linear holding ``weight`` and ``bias`` with the full-range qconfig, for ``from_float``."""
+    stub = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    stub.weight = nn.Parameter(weight.detach().float(), requires_grad=False)
+    if bias is not None:
+        stub.bias = nn.Parameter(bias.detach().float(), requires_grad=False)
+    stub.qconfig = _dynamic_qconfig()
+    return stub
+
+
 def torch_ao_dynamic_int8(copy: nn.Module, targets: list[Target], parsed: ParsedScheme, device: str) -> None:
-    with _quiet():
+    engine, why = _dynamic_engine()
+    if engine is None:  # pragma: no cover - the probe refuses first; kept for direct callers
+        raise RuntimeError(why)
+    if engine != torch.backends.quantized.engine:
+        warnings.warn(f"int8-dynamic: torch's {torch.backends.quantized.engine} int8 kernel saturates 8-bit activations "
+                      f"on this CPU (no VNNI), so the weights are packed for {engine}: exact, but about twice int8's "
+                      "time per token where measured (docs/quantization.md); prefer int8", stacklevel=3)
+    with _quiet(), _engine(engine):
         cls = _full_range_dynamic_linear_class()
-        qconfig = _dynamic_qconfig()
         for parent, name, lin in targets:
-            # from_float reads .qconfig and the float weight: give it a stand-in so the copy's
-            # Linear (whose weight tensor is shared with the source model) gets no new attributes.
-            stub = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None, device="meta")
-            stub.weight = nn.Parameter(lin.weight.detach().float(), requires_grad=False)
-            if lin.bias is not None:
-                stub.bias = nn.Parameter(lin.bias.detach().float(), requires_grad=False)
-            stub.qconfig = qconfig
-            setattr(parent, name, cls.from_float(stub))
+            # from_float reads .qconfig and the float weight: a stand-in keeps the copy's Linear (whose
+            # weight tensor is shared with the source model) free of new attributes.
+            setattr(parent, name, cls.from_float(_stub(lin.weight, lin.bias)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,12 +9,14 @@ threads never share state.
 Ragged batches (docs/design.md, "Ragged batches"): all rows share one write pointer into the preallocated
 cache, and a boolean slot map says which slots of each row hold real tokens. Left padding, the
 rejected drafts of a row that accepted fewer tokens than another, and the filler of a ragged
-input block are all just invalid slots: the 2-D attention mask hides them, and each row's
+input block are all just invalid slots: the attention mask hides them, and each row's
 position ids count only its valid slots. Rolling a row back marks its tail invalid; the pointer
 only moves back to the longest row. Per-row pointers (scatter writes, no holes) measured 3-7% faster
 per batched verify pass (benchmarks/cache_layouts.py: the holes lengthen the attention span until a
 compaction), but they need a hand-built 4-D mask that bypasses transformers' own (sdpa/eager only,
-sliding windows by hand); here transformers' padding mask does the work, for every attention backend.
+sliding windows by hand); here the slot map is the mask: for eager/sdpa attention without a sliding window a
+4-D additive mask built on the device (:attr:`CausalLMRunner.custom_masks`; a 2-D padding mask would be read back
+by transformers on every 1-token forward), else transformers builds it from the 2-D map, for every attention backend.
 """
 
 from __future__ import annotations
@@ -119,6 +121,13 @@ class CausalLMRunner:
         self.keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
         config = model.config
         self.sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
+
+    @property
+    def custom_masks(self) -> bool:
+        """Whether this model takes a custom 4-D attention mask as is (eager or sdpa attention, no sliding window):
+        then a session with padding or holes passes one built on the device (no host read a pass)."""
+        impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        return impl in ("eager", "sdpa") and not self.sliding
 
     def compile(self) -> None:
         """Run forwards through ``torch.compile`` (inductor, dynamic shapes).

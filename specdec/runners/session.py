@@ -42,6 +42,7 @@ class Runner(Protocol):
 
     model: Any
     sliding: bool
+    custom_masks: bool  # the model takes a custom 4-D mask as is (eager/sdpa attention, no sliding window)
     cache_arg: str  # the keyword the model's forward takes its cache by
     num_layers: int
 
@@ -113,8 +114,14 @@ class CacheSession:
         seen = self.valid[:, : start + n]
         if tree_mask is not None:
             mask = self._tree_mask(tree_mask, seen, start)
-        else:
-            mask = None if self.dense else seen.long()
+        elif self.dense:
+            mask = None
+        elif getattr(self.runner, "custom_masks", False):
+            # a 4-D mask built on the device: transformers takes it as is, where a 2-D padding mask is read back
+            # (``bool``) on every 1-token forward to see whether it can be skipped
+            mask = self._additive(self._causal_allowed(seen, start))
+        else:  # other attention kernels, sliding windows: transformers builds the mask from the padding mask
+            mask = seen.long()
         out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
                               position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache}, **extra)
         if self.static is not None:  # the prefill ran: static passes from now on
@@ -167,6 +174,13 @@ class CacheSession:
                                      position_ids=positions, use_cache=True, **{self.runner.cache_arg: self.cache})
         pick = lambda t: None if t is None else t[self.live, :n]  # noqa: E731  (a copy: CUDA graphs reuse outputs)
         return StepOutput(pick(out.logits), pick(out.hidden))
+
+    @staticmethod
+    def _causal_allowed(seen: torch.Tensor, start: int) -> torch.Tensor:
+        """``[batch, n, start + n]``: each of the ``n`` new tokens sees the valid slots up to and including its own."""
+        n, device = seen.shape[1] - start, seen.device
+        slot = torch.arange(seen.shape[1], device=device)
+        return seen[:, None, :] & (slot[None, :] <= start + torch.arange(n, device=device)[:, None])
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """``allowed [batch, n, t]`` as the additive mask ``[batch, 1, n, t]`` transformers takes as is."""
@@ -310,18 +324,23 @@ class CacheSession:
         full[self.live] = order
         return full
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        """Drop the batch rows not listed in ``rows`` (finished sequences stop costing compute; a static session
-        keeps their buffers as masked dummies, so its passes keep their shape)."""
-        rows = rows.to(self.valid.device)
+    def keep_rows(self, rows: torch.Tensor | list[int]) -> None:
+        """Drop the batch rows not listed in ``rows`` (host ints, or a host tensor as the engine builds it;
+        finished sequences stop costing compute; a static session keeps their buffers as masked dummies, so its
+        passes keep their shape). No device read: the index is uploaded, and the shared pointer stays where it is
+        (the slots only a longer row that left held become holes, masked like any other, until a compaction
+        re-lays the rows: finding the new end would read the device)."""
+        if isinstance(rows, torch.Tensor) and rows.device.type != "cpu":
+            rows = rows.to(self.valid.device)
+        else:  # host data (the engine's index): a non-blocking upload
+            rows = upload(rows.tolist() if isinstance(rows, torch.Tensor) else list(rows), torch.long, self.valid.device)
         if self._static_now:
             self.live, self.valid, self.counts = self.live[rows], self.valid[rows], self.counts[rows]
-            return self._trim()
+            return
         with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
             for layer in self.cache.layers:
                 layer.batch_select_indices(rows)
         self.valid, self.counts, self.live = self.valid[rows], self.counts[rows], self.live[: len(rows)]
-        self._trim()
 
     def release(self) -> None:
         """Drop the cache (frees its buffers; a static one goes back to its pool)."""
