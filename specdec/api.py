@@ -67,7 +67,8 @@ class SpeculativeModel:
             pass in seconds to use instead of measuring them on first use (:meth:`measure_tree_cost`); pin both
             (``stats.tree["verify_cost"]``, ``stats.tree["draft_step_s"]``) to reproduce seeded calls elsewhere.
         compile_verifier: run every verify pass after the prefill through ``torch.compile`` over a static cache
-            (CUDA graphs on CUDA), padded to a few fixed widths; :meth:`prime_verifier` compiles up front. Greedy
+            (CUDA graphs on CUDA), a chain's passes padded to k+1 and a tree's to a few fixed widths;
+            :meth:`prime_verifier` compiles up front. Greedy
             output stays ``model.generate``'s up to float near-ties. A dict is passed to ``torch.compile``.
 
     Raises:

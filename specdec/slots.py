@@ -30,12 +30,13 @@ STATIC_LENGTH_STEP = 256
 
 
 def pass_widths(num_draft_tokens: int, max_nodes: int | None = None) -> tuple[int, ...]:
-    """The few token counts a compiled verify pass is padded to where graphs need fixed shapes (``compile_verifier``
-    with CUDA graphs): a chain's ``1..k + 1`` (a drafter may propose fewer than ``k``, and a pass of one token
-    costs less than one of ``k + 1``); a tree's ``1 + nodes`` go up to the next power of two, capped at
-    ``max_nodes + 1``, so a call meets a handful of shapes, never one per size."""
+    """The token counts a compiled verify pass is padded to where graphs need fixed shapes (``compile_verifier``
+    with CUDA graphs): a chain's one width, ``k + 1``: a shorter pass (prompt lookup without a match, an early
+    stop, adaptive k below its maximum) is padded with masked filler, nearly free on a launch-bound GPU, so a call
+    compiles and records one graph per batch size; a tree's ``1 + nodes`` go up to the next power of two, capped
+    at ``max_nodes + 1``, so a call meets a handful of shapes, never one per size."""
     if max_nodes is None:
-        return tuple(range(1, num_draft_tokens + 2))
+        return (num_draft_tokens + 1,)
     top = max_nodes + 1
     widths = {1, top}
     width = 2
@@ -43,6 +44,13 @@ def pass_widths(num_draft_tokens: int, max_nodes: int | None = None) -> tuple[in
         widths.add(width)
         width *= 2
     return tuple(sorted(widths))
+
+
+def primed_widths(widths: tuple[int, ...], pads: bool) -> tuple[int, ...]:
+    """The pass widths priming runs: with padding, ``widths`` themselves; without it (inductor on a CPU runs each pass
+    at its own width, shapes going dynamic after the first change) also 1 and 2, which compile the one-token graph
+    and the dynamic one that every other width reuses."""
+    return widths if pads else tuple(sorted({1, min(2, max(widths)), *widths}))
 
 
 def static_slots(slots: int, widths: tuple[int, ...]) -> int:

@@ -119,7 +119,7 @@ def test_inductor_on_the_tiny_llama_compiles_only_when_primed():
     prompts = [torch.tensor([[5, 9, 14, 3, 7]]), torch.tensor([[8, 1, 4, 4, 6, 2, 9, 11]])]
     seen = []
     seconds = spec.prime_verifier(20, [p.shape[1] for p in prompts], progress=lambda done, total: seen.append((done, total)))
-    assert seconds > 0 and seen[-1] == (4, 4)  # one length bucket x widths 1..4
+    assert seconds > 0 and seen[-1] == (3, 3)  # one length bucket x widths 1, 2 and k + 1 (the rest reuse 2's graph)
     graphs = counters["stats"]["unique_graphs"]
     kwargs = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     for ids in prompts:
@@ -148,8 +148,35 @@ def test_caches_are_pooled_between_calls():
     assert not spec.verifier.static._free
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("drafter", ["lookup", "model"])
+def test_a_padded_chain_call_compiles_one_graph(drafter, batch):
+    """CUDA graphs' layout on a CPU: every verify pass of a chain call, whatever it drafted (prompt lookup's
+    passes without a match carry one token), runs at width k + 1 with static shapes, so dynamo compiles once."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    model = make_model("llama")
+    draft = PromptLookupDrafter() if drafter == "lookup" else perturbed_copy(model, 0.05)
+    spec = _spec(model, draft, pads=True, options={"backend": counter, "dynamic": False}, num_draft_tokens=4)
+    stats = _identical(spec, model, batch, new=40)
+    assert spec.verifier.static.passes > 3 and counter.frame_count == 1, (spec.verifier.static.passes, counter.frame_count)
+    assert stats.new_tokens > 0
+
+
+def test_padded_passes_compile_static_shapes():
+    """With CUDA graphs (padded passes) dynamo's shapes are static unless the caller says otherwise."""
+    from specdec.runners.static import StaticVerifier
+
+    model = make_model("llama")
+    assert StaticVerifier(model, {"backend": "cudagraphs"}).options["dynamic"] is False
+    assert StaticVerifier(model, {"backend": "cudagraphs", "dynamic": True}).options["dynamic"] is True
+    assert "dynamic" not in StaticVerifier(model, {"backend": "eager"}).options
+
+
 def test_static_lengths_and_widths():
-    assert pass_widths(4) == (1, 2, 3, 4, 5)
+    assert pass_widths(4) == (5,)  # a chain: every pass padded to k + 1, one graph
     assert pass_widths(4, max_nodes=12) == (1, 2, 4, 8, 13)
     assert pass_widths(4, max_nodes=64) == (1, 2, 4, 8, 16, 32, 64, 65)
     assert static_slots(100, (1, 5)) == STATIC_LENGTH_STEP

@@ -157,7 +157,7 @@ def test_json_schema_on_prompts_without_schemas_is_a_one_line_error(tmp_path, mo
         eval_main(["--dataset", str(data), "--json-schema", "--baselines", "hf", "--out", str(tmp_path / "out")])
     message = err.value.code
     assert isinstance(message, str) and "\n" not in message
-    assert message.startswith("error: --json-schema needs a JSON schema per prompt") and "1 of 1 prompts" in message
+    assert message.startswith("error: --json-schema needs a JSON schema per prompt") and "1 of 1 prompt has none" in message
 
 
 def test_run_eval_refuses_json_schema_without_schemas(tmp_path):

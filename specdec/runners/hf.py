@@ -30,7 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.errors import SpecdecError
-from specdec.slots import STATIC_LENGTH_STEP, static_slots
+from specdec.slots import STATIC_LENGTH_STEP, primed_widths, static_slots
 from specdec.runners.cache import cache_argument
 from specdec.runners.session import CacheSession, StepOutput
 from specdec.runners.static import COMPILE_ERRORS, StaticVerifier
@@ -166,11 +166,12 @@ class CausalLMRunner:
             return 0.0
         start, device = time.perf_counter(), self.model.device
         shapes = sorted(set(shapes))  # calls whose caches round up to the same static length share every graph
-        done, total = 0, len(shapes) * len(widths)
+        run = primed_widths(widths, self.static.pads)
+        done, total = 0, len(shapes) * len(run)
         for batch, slots in shapes:
             session, _ = self.prefill(torch.ones(batch, 2, dtype=torch.long, device=device), None, slots, widths=widths)
             try:
-                for width in widths:
+                for width in run:
                     for _ in range(2):
                         session.forward(torch.ones(batch, width, dtype=torch.long, device=device),
                                         hidden_layers=hidden_layers)

@@ -58,8 +58,9 @@ class StaticVerifier:
     """A verifier's compiled forward for static passes, and its cache pool; shared by every call (thread-safe).
 
     ``options``: ``torch.compile``'s keyword arguments; with inductor, ``mode`` defaults to ``"reduce-overhead"``
-    (CUDA graphs) on CUDA and to inductor's default elsewhere. Shapes are dynamic after the first change (dynamo's default), so a CPU process compiles
-    a couple of graphs in all; CUDA graphs record one graph per shape met (width, batch, length).
+    (CUDA graphs) on CUDA and to inductor's default elsewhere. Without CUDA graphs, shapes are dynamic after the first
+    change (dynamo's default), so a CPU process compiles a couple of graphs in all; with them (padded passes) shapes
+    are static (``dynamic=False``) and a chain call compiles and records one graph per (batch, k, length).
     """
 
     def __init__(self, model: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
@@ -68,11 +69,15 @@ class StaticVerifier:
         options = dict(options or {})
         if options.get("backend", "inductor") == "inductor":
             options.setdefault("mode", "reduce-overhead" if self.cuda else None)
-        self.options = options
-        self.compiled: Any = torch.compile(model, **options)
         # CUDA graphs need each pass padded to one of the call's widths; inductor's graphs take any width (its
         # shapes go dynamic after the first change), and on a CPU a padded token costs as much as a real one
         self.pads = options.get("mode") in ("reduce-overhead", "max-autotune") or options.get("backend") == "cudagraphs"
+        if self.pads:
+            # padded passes have fixed shapes: a symbolic width would compile a second graph, and the cudagraphs
+            # backend keys its recordings on int inputs only, replaying a width-2 graph at width 3
+            options.setdefault("dynamic", False)
+        self.options = options
+        self.compiled: Any = torch.compile(model, **options)
         self.compile_seconds = 0.0  # wall time of passes that compiled (priming or the first calls)
         self.passes = 0  # static passes run through the compiled model
         self.graphs = 0  # passes that compiled a graph (dynamo) or recorded one (a CUDA graph of a new shape)
