@@ -79,5 +79,5 @@ def test_verify_names_what_it_cannot_verify():
 def test_plans_size_caches_with_one_formula():
     chain, tree = ChainPlan.fixed(4), TreePlan(TreeConfig("static"), num_draft_tokens=4)
     assert tree.slots(1, 10, 40) == chain.slots(1, 10, 40) + tree.extra_slots
-    assert chain.widths == (1, 2, 3, 4, 5) and tree.widths[-1] == tree.max_nodes + 1
+    assert chain.widths == (5,) and tree.widths[-1] == tree.max_nodes + 1
     assert chain.max_drafts == 4 and tree.max_drafts == tree.max_nodes
