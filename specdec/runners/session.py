@@ -119,7 +119,7 @@ class CacheSession:
         elif getattr(self.runner, "custom_masks", False):
             # a 4-D mask built on the device: transformers takes it as is, where a 2-D padding mask is read back
             # (``bool``) on every 1-token forward to see whether it can be skipped
-            mask = self._additive(self._causal_allowed(seen, start))
+            mask = self._additive(self._causal_allowed(seen, start, n))
         else:  # other attention kernels, sliding windows: transformers builds the mask from the padding mask
             mask = seen.long()
         out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
@@ -158,9 +158,8 @@ class CacheSession:
         if tree_mask is not None:
             allowed = self._tree_allowed(tree_mask, seen[:, : start + n], start)
             allowed = torch.nn.functional.pad(allowed, (0, seen.shape[1] - start - n), value=False)
-        else:  # causal: real slots up to and including the query's own
-            slot = torch.arange(seen.shape[1], device=seen.device)
-            allowed = seen[:, None, :] & (slot[None, :] <= start + torch.arange(n, device=seen.device)[:, None])
+        else:
+            allowed = self._causal_allowed(seen, start, n)
         batch = self.cache.layers[0].keys.shape[0]
         full = torch.zeros(batch, width, seen.shape[1], dtype=torch.bool, device=seen.device)
         diagonal = torch.arange(width, device=seen.device)
@@ -176,9 +175,10 @@ class CacheSession:
         return StepOutput(pick(out.logits), pick(out.hidden))
 
     @staticmethod
-    def _causal_allowed(seen: torch.Tensor, start: int) -> torch.Tensor:
-        """``[batch, n, start + n]``: each of the ``n`` new tokens sees the valid slots up to and including its own."""
-        n, device = seen.shape[1] - start, seen.device
+    def _causal_allowed(seen: torch.Tensor, start: int, n: int) -> torch.Tensor:
+        """``[batch, n, slots]`` over ``seen [batch, slots]``: each of the ``n`` new tokens (written from slot
+        ``start``) sees the valid slots up to and including its own."""
+        device = seen.device
         slot = torch.arange(seen.shape[1], device=device)
         return seen[:, None, :] & (slot[None, :] <= start + torch.arange(n, device=device)[:, None])
 
