@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from typing import Any
 
 from specdec.draft_kinds import GRID_FREE_DRAFTERS  # noqa: F401  (described with the self-copy kinds)
 from specdec.draft_spec import forms

@@ -11,12 +11,13 @@ import os
 from typing import Any
 
 from specdec.draft_registry import COMPOSITE_DEFAULT_SCHEME, FALLBACK_KIND, DraftSpec, DraftSpecError, DrafterKind
-from specdec.draft_registry import forms, register_kind
+from specdec.draft_registry import forms, parse_draft, register_kind
 
 #: drafters that do not inherit the verifier's storage grid, suggested next to a grid-bound one
 GRID_FREE_DRAFTERS = "eagle, self:int8 or prompt-lookup"
 #: what a composite drafter does before its inner drafter, in its description
 _LOOKUP_FIRST = "prompt lookup where the text repeats, else "
+_SUFFIX_FIRST = "suffix decoding where this call or an earlier one repeats, else "
 
 
 # --- self:SCHEME ----------------------------------------------------------------------------------------
@@ -84,13 +85,47 @@ register_kind(DrafterKind(
 ), builtin=True)
 
 
+# --- suffix[:TOKENS] -----------------------------------------------------------------------------------
+
+
+def _suffix(text: str, arg: str | None) -> dict[str, Any]:
+    if arg is not None and not (arg.isascii() and arg.isdigit()):  # ASCII digits only, as layer-skip:N
+        raise DraftSpecError(f"drafter {text!r}: suffix takes its cache budget in tokens after ':', e.g. suffix:100000")
+    return {}
+
+
+def _build_suffix(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.suffix import SuffixDrafter
+
+    return SuffixDrafter() if spec.arg is None else SuffixDrafter(int(spec.arg))
+
+
+register_kind(DrafterKind(
+    "suffix", "suffix[:TOKENS]", _build_suffix, parse=_suffix,
+    describe=lambda spec, verifier: {
+        "description": (f"{spec.text}: suffix decoding: the most frequent continuations of the text's suffix, in this "
+                        "call's prompt and output and in earlier calls' outputs (a cache this model keeps; no model)"),
+        "note": "acceptance grows as calls repeat each other (agent loops, extraction with one schema, revisions)"},
+), builtin=True)
+
+
+def learns_across_calls(name: str) -> bool:
+    """Whether drafter ``name`` keeps a cache across calls (``suffix``, ``composite:suffix``): ``specdec eval`` then
+    measures it cold (empty cache) and warm (the cache the run's earlier calls left)."""
+    spec = parse_draft(name)
+    return spec.kind == "suffix" or (spec.kind == "composite" and spec.inner == "suffix")
+
+
 # --- composite[:SCHEME], composite:eagle[:DIR] ----------------------------------------------------------
+# composite:suffix[:SCHEME] too
 
 
 def _composite(text: str, arg: str | None) -> dict[str, Any]:
     if arg is None:
         return {"scheme": COMPOSITE_DEFAULT_SCHEME}
     inner, _, head = arg.partition(":")
+    if inner == "suffix":  # suffix decoding first, then a self-copy (int8 unless a scheme follows)
+        return {"scheme": head.strip() or COMPOSITE_DEFAULT_SCHEME, "inner": "suffix"}
     if inner != "eagle":
         return _scheme(text, arg)
     if arg != "eagle" and not head.strip():
@@ -102,13 +137,18 @@ def _build_composite(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, dr
     from specdec.drafters.composite import CompositeDrafter
 
     inner = _build_eagle if spec.inner == "eagle" else _build_self
+    if spec.inner == "suffix":
+        from specdec.drafters.suffix import SuffixCompositeDrafter
+
+        return SuffixCompositeDrafter(inner(spec, verifier, verifier_tokenizer, draft_tokenizer))
     return CompositeDrafter(inner(spec, verifier, verifier_tokenizer, draft_tokenizer))
 
 
 register_kind(DrafterKind(
-    "composite", "composite[:SCHEME], composite:eagle[:DIR]", _build_composite, parse=_composite,
+    "composite", "composite[:SCHEME], composite:eagle[:DIR], composite:suffix[:SCHEME]", _build_composite,
+    parse=_composite,
     describe=lambda spec, verifier: (_describe_eagle if spec.inner == "eagle" else _describe_self)(
-        spec, verifier, _LOOKUP_FIRST),
+        spec, verifier, _SUFFIX_FIRST if spec.inner == "suffix" else _LOOKUP_FIRST),
     check=lambda spec: _check_head(spec) if spec.inner == "eagle" else _check_scheme(spec),
 ), builtin=True)
 
@@ -179,6 +219,32 @@ def _check_head(spec: DraftSpec) -> None:
 
 register_kind(DrafterKind("eagle", "eagle[:DIR]", _build_eagle, parse=_head, describe=_describe_eagle, check=_check_head),
               builtin=True)
+
+
+# --- mtp: the verifier's own multi-token-prediction layers -----------------------------------------------
+
+
+def _build_mtp(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.mtp import MtpDrafter
+
+    return MtpDrafter.from_model(verifier)
+
+
+def _check_mtp_config(spec: DraftSpec, config: Any) -> None:
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text, "num_mtp_layers", 0):
+        raise DraftSpecError(f"{spec.text}: model type {getattr(config, 'model_type', '?')!r} has no MTP layers (its "
+                             "config sets no num_mtp_layers); use another drafter, e.g. prompt-lookup")
+
+
+register_kind(DrafterKind(
+    "mtp", "mtp", _build_mtp, parse=lambda text, arg: {} if arg is None else None, check_verifier=_check_mtp_config,
+    describe=lambda spec, verifier: {
+        "description": "mtp: the verifier's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5 style), read "
+                       "from its checkpoint, reading its hidden states; recursive past their trained depth",
+        "note": "acceptance is what the model's MTP training gives: highest at the first draft, falling past the "
+                "trained depth"},
+), builtin=True)
 
 
 # --- a local model directory / .gguf file (every other name) ---------------------------------------------

@@ -117,7 +117,7 @@ def test_compaction_preserves_every_row():
 
 
 def test_tight_cache_compacts_instead_of_overflowing():
-    model = make_model("mistral")  # sliding window 16: holes are squeezed out before every pass
+    model = make_model("mistral")  # sliding window 16, counted in positions: holes stay until the slots run out
     prompts = _prompts([2, 21, 9], seed=5)
     ids, mask = _left_pad(prompts)
     kwargs = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)

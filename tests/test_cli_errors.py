@@ -1,7 +1,6 @@
 """CLI errors around drafters and trees: one ``error:`` line and a non-zero exit, never a traceback (issue 23).
 
-Runs ``specdec generate`` and ``specdec eval`` on tiny local models: a llama (no shipped draft head) and a
-mistral (sliding-window attention, which tree drafts refuse).
+Runs ``specdec generate`` and ``specdec eval`` on a tiny local llama (no shipped draft head).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from tiny_models import make_model
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli-errors")
     tok = char_tokenizer()
-    for arch in ("llama", "mistral"):
+    for arch in ("llama",):
         make_model(arch).save_pretrained(root / arch)
         tok.save_pretrained(root / arch)
     (root / "prompts.jsonl").write_text(json.dumps({"prompt": "Name a fruit."}) + "\n")
@@ -32,7 +31,6 @@ def dirs(tmp_path_factory):
 CASES = {
     "no shipped head": ("llama", ["--draft", "eagle"], "no draft head ships for this verifier"),
     "missing head dir": ("llama", ["--draft", "eagle:{root}/MISSING"], "does not exist"),
-    "sliding-window tree": ("mistral", ["--draft", "self:bf16", "--tree", "dynamic"], "sliding-window"),
 }
 
 

@@ -4,32 +4,11 @@
 import pytest
 import torch
 import transformers as tf
-from scipy.stats import chisquare
 
 import specdec
 from specdec.acceptance import greedy_accept, rejection_accept
-from specdec.arguments import prepare_generation
+from law import ALPHA, chi2 as _chi2, exact_joint as _exact_joint
 from tiny_models import perturbed_copy
-
-ALPHA = 1e-3  # a correct implementation fails this with probability 0.001 per test (seeds are fixed anyway)
-
-
-def _chi2(counts: dict, probs: dict, n: int) -> float:
-    """Chi-square p-value, pooling cells whose expected count is below 5 into one."""
-    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
-    for key, p in probs.items():
-        if p * n >= 5:
-            obs.append(counts.get(key, 0))
-            exp.append(p * n)
-        else:
-            pool_o += counts.get(key, 0)
-            pool_e += p * n
-    assert sum(counts.get(k, 0) for k in counts if k not in probs) == 0, "sampled an impossible outcome"
-    if pool_e > 0:
-        obs.append(pool_o)
-        exp.append(pool_e)
-    scale = sum(obs) / sum(exp)
-    return chisquare(obs, [e * scale for e in exp]).pvalue
 
 
 def _hist(tokens: torch.Tensor) -> dict:
@@ -88,24 +67,6 @@ def _tiny_vocab_model(seed: int) -> torch.nn.Module:
                             num_attention_heads=4, num_key_value_heads=2, initializer_range=0.4,
                             bos_token_id=None, eos_token_id=None, pad_token_id=0)
     return tf.LlamaForCausalLM(config).eval()
-
-
-def _exact_joint(model, prompt: torch.Tensor, steps: int, **sampling) -> dict:
-    """P(t1..t_steps) under the verifier's processed distribution, by enumeration."""
-    setup = prepare_generation(model, prompt, do_sample=True, max_new_tokens=steps, **sampling)
-    probs = {(): 1.0}
-    for _ in range(steps):
-        nxt = {}
-        for prefix, mass in probs.items():
-            ids = torch.cat([prompt, torch.tensor([prefix], dtype=torch.long).reshape(1, -1)], dim=1)
-            with torch.no_grad():
-                logits = model(ids).logits[:, -1].float()
-            dist = torch.softmax(setup.processors(ids, logits), dim=-1)[0]
-            for tok, pr in enumerate(dist.tolist()):
-                if pr > 0:
-                    nxt[prefix + (tok,)] = mass * pr
-        probs = nxt
-    return probs
 
 
 @pytest.mark.parametrize(

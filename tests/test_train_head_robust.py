@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from tiny_models import char_tokenizer, make_model, tiny_head_features
 

@@ -12,10 +12,10 @@ import transformers as tf
 
 import specdec
 import specdec.strategy  # the tests patch names in it (the package imports it lazily)
-from specdec.drafters import CompositeDrafter, ModelDrafter, PromptLookupDrafter
+from specdec.drafters import CompositeDrafter, ModelDrafter
 from specdec.trees import TreeConfig, parse_tree
 from specdec.trees.auto import VerifyCost, measure_verify_cost
-from specdec.runners import CausalLMRunner, UnsupportedModelError
+from specdec.runners import CausalLMRunner
 from tiny_models import COMMON, VOCAB, make_model, perturbed_copy
 
 FLAT = VerifyCost((1, 64), (0.010, 0.011))
@@ -69,15 +69,15 @@ def test_auto_top_k_is_clamped_to_a_tiny_vocabulary():
 
 
 @pytest.mark.parametrize("wrap", ["model", "drafter", "composite"])
-def test_sliding_window_drafter_is_refused_at_construction(wrap):
+def test_sliding_window_drafter_drafts_trees(wrap):
     verifier = make_model("llama")
-    mistral = make_model("mistral")  # same vocabulary and special ids, sliding window 16
+    mistral = make_model("mistral")  # same vocabulary and special ids, sliding window 16 (the output passes it)
     draft = {"model": lambda: mistral, "drafter": lambda: ModelDrafter(mistral),
              "composite": lambda: CompositeDrafter(ModelDrafter(mistral))}[wrap]()
-    with pytest.raises(UnsupportedModelError, match="drafter.*sliding-window"):
-        specdec.SpeculativeModel(verifier, draft, tree="dynamic")
-    specdec.SpeculativeModel(verifier, mistral)  # chains stay fine
-    specdec.SpeculativeModel(verifier, PromptLookupDrafter(), tree="dynamic")
+    spec = specdec.SpeculativeModel(verifier, draft, tree="dynamic")
+    ref = verifier.generate(IDS, max_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert torch.equal(_greedy(verifier, spec, new=20), ref)
+    assert spec.last_stats.proposed > 0
 
 
 # ---------------------------------------------------------------- auto on short-context models

@@ -94,3 +94,31 @@ def tiny_head_features(model: torch.nn.Module, directory: Path, samples: int = 6
              "response_ids": torch.randint(3, 96, (12,), generator=g).tolist()} for i in range(samples)]
     config = HeadConfig.for_verifier(model.config, "eagle3")
     return FeatureSet(extract_features(model, rows, directory, config.aux_layers, progress=False)), config
+
+
+WINDOW = 8  # the sliding configs' window (and llama4's chunk): far shorter than their tests' prompts plus output
+_SLIDING_ATTN = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, **COMMON)
+
+#: sliding-window (and chunked) models, apart from CONFIGS (whose every entry other tests run on every path)
+SLIDING_CONFIGS = {
+    "mistral": lambda: tf.MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **_SLIDING_ATTN),
+    "qwen2": lambda: tf.Qwen2Config(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
+                                    max_window_layers=1, **_SLIDING_ATTN),  # layers: full, sliding, sliding
+    # gemma: 0.1, since at 0.3 its scaled embeddings decide every argmax alone (the window would change no token)
+    "gemma2": lambda: tf.Gemma2Config(num_hidden_layers=2, head_dim=16, sliding_window=WINDOW,
+                                      **dict(_SLIDING_ATTN, initializer_range=0.1)),
+    "gemma3_text": lambda: tf.Gemma3TextConfig(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW,  # sliding, sliding, full
+                                               sliding_window_pattern=3, **dict(_SLIDING_ATTN, initializer_range=0.1)),
+    "gpt_oss": lambda: tf.GptOssConfig(num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, num_local_experts=4,
+                                       num_experts_per_tok=2, **_SLIDING_ATTN),
+    "llama4_text": lambda: tf.Llama4TextConfig(num_hidden_layers=2, head_dim=16, attention_chunk_size=WINDOW,
+                                               intermediate_size_mlp=128, num_local_experts=2, **_SLIDING_ATTN),
+}
+
+
+def make_sliding_model(arch: str, seed: int = 0, attn: str | None = None) -> torch.nn.Module:
+    """A tiny fp32 model of ``SLIDING_CONFIGS[arch]`` with a fixed seed (``attn``: its attention implementation)."""
+    torch.manual_seed(seed)
+    config = SLIDING_CONFIGS[arch]()
+    extra = {} if attn is None else {"attn_implementation": attn}
+    return tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32, **extra).eval()

@@ -16,6 +16,7 @@ from specdec.drafters.layer_skip import LayerSkipDrafter
 from specdec.drafters.oracle import OracleDrafter
 from specdec.drafters.prompt_lookup import PromptLookupDrafter
 from specdec.drafters.simulated import AcceptanceProfile, SimulatedDrafter
+from specdec.drafters.suffix import SuffixCache, SuffixCacheError, SuffixCompositeDrafter, SuffixDrafter
 
 __all__ = [
     "AcceptanceProfile",
@@ -35,6 +36,10 @@ __all__ = [
     "Proposal",
     "Rows",
     "SimulatedDrafter",
+    "SuffixCache",
+    "SuffixCacheError",
+    "SuffixCompositeDrafter",
+    "SuffixDrafter",
     "VocabularyMismatchError",
     "check_vocab_compat",
     "parse_draft",

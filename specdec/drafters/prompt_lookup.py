@@ -55,6 +55,19 @@ def lookup_tree(branches: list[list[int]]) -> RowTree:
     return tree
 
 
+
+def chain_of(drafts: list[list[int]], rows: Rows, ctx: DraftContext) -> DraftChain:
+    """Per-row host drafts of any lengths as one chain. Rows with shorter drafts repeat their last token (or the
+    row's last token): any proposal is safe, since only what the verifier agrees with is kept."""
+    width = max((len(d) for d in drafts), default=0)
+    if width == 0:
+        return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
+    padded = [d + [(d or rows.host(b)[-1:])[-1]] * (width - len(d)) for b, d in enumerate(drafts)]
+    tokens = upload(padded, torch.long, rows.device)
+    if ctx.vocab_size is not None:
+        tokens = tokens.clamp(max=ctx.vocab_size - 1)
+    return DraftChain(tokens)
+
 class PromptLookupDrafter(Drafter):
     """Drafts by n-gram lookup in each row's own context. Batch aware; deterministic (one-hot ``q``).
 
@@ -74,17 +87,7 @@ class PromptLookupDrafter(Drafter):
     def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         if self.max_draft is not None:
             k = min(k, self.max_draft)
-        drafts = [found[0] if found else [] for found in self.branches(rows, k, 1)]
-        width = max((len(d) for d in drafts), default=0)
-        if width == 0:
-            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
-        # Rows with shorter drafts repeat their last token (or the row's last token): any proposal is
-        # safe, since only what the verifier agrees with is kept.
-        padded = [d + [(d or rows.host(b)[-1:])[-1]] * (width - len(d)) for b, d in enumerate(drafts)]
-        tokens = upload(padded, torch.long, rows.device)
-        if ctx.vocab_size is not None:
-            tokens = tokens.clamp(max=ctx.vocab_size - 1)
-        return DraftChain(tokens)
+        return chain_of([found[0] if found else [] for found in self.branches(rows, k, 1)], rows, ctx)
 
     def branches(self, rows: Rows, depth: int, limit: int) -> list[list[list[int]]]:
         """Per row, up to ``limit`` different continuations (``depth`` tokens at most) of its suffix n-grams."""

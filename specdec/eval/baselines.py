@@ -6,7 +6,9 @@
 - ``hf-assisted[D]``: ``model.generate(assistant_model=<D's model>)`` with transformers' defaults;
 - ``hf-assisted-heuristic[D]``: the same with transformers' ``num_assistant_tokens_schedule="heuristic"``
   (its adaptive draft length);
-- ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``.
+- ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
+- ``hf-mtp``: ``model.generate(use_mtp=True)``, transformers drafting with the model's own MTP layers (batch 1;
+  models with MTP weights only: specdec's counterpart is ``specdec[mtp]``).
 
 A new baseline is one ``register_baseline(Baseline(...))`` call (:mod:`specdec.eval.baseline_registry`). Torch-free
 at import: what needs torch is imported when a method runs.
@@ -39,6 +41,7 @@ __all__ = [
 
 HF, HF_COMPILED, HF_ASSISTED, HF_PROMPT_LOOKUP = "hf", "hf-compiled", "hf-assisted", "hf-prompt-lookup"
 HF_ASSISTED_HEURISTIC = "hf-assisted-heuristic"
+HF_MTP = "hf-mtp"
 #: the assistant generation settings of ``hf-assisted-heuristic``: transformers' own heuristic schedule
 #: (k + 2 after a fully accepted draft, k - 1 otherwise) from its former default start of 5 tokens
 HEURISTIC_ASSISTANT = {"num_assistant_tokens_schedule": "heuristic", "num_assistant_tokens": 5}
@@ -82,6 +85,26 @@ def assistant_config(assistant: Any, settings: Mapping[str, Any]) -> Iterator[No
 def _generate_heuristic(model: Any, input_ids: Any, **kwargs: Any) -> Any:
     """``hf-assisted-heuristic``: assisted generation under transformers' heuristic draft schedule."""
     with assistant_config(kwargs.get("assistant_model"), HEURISTIC_ASSISTANT):
+        return model.generate(input_ids, **kwargs)
+
+
+def _mtp_kwargs(setup: BaselineSetup) -> dict[str, Any]:
+    """``hf-mtp``'s arguments; a model without MTP layers is refused here, in one line, before anything runs."""
+    from specdec.drafters.mtp import MtpUnavailableError, mtp_layer_count
+
+    if mtp_layer_count(setup.model.config) < 1:
+        kind = getattr(setup.model.config, "model_type", type(setup.model).__name__)
+        raise MtpUnavailableError(f"{HF_MTP}: model type {kind!r} has no MTP layers (its config sets no "
+                                  "num_mtp_layers): leave hf-mtp out of --baselines")
+    return {"use_mtp": True}
+
+
+def _generate_mtp(model: Any, input_ids: Any, **kwargs: Any) -> Any:
+    """``hf-mtp``: transformers' own MTP drafting, finding the weights where specdec's ``mtp`` drafter does (at
+    ``model.layers.{N + i}`` for the model's own depth ``N``, besides the released checkpoints' layer numbers)."""
+    from specdec.drafters.mtp import checkpoint_mtp_patterns
+
+    with checkpoint_mtp_patterns(model):
         return model.generate(input_ids, **kwargs)
 
 
@@ -196,4 +219,7 @@ register_baseline(Baseline(
     HF_PROMPT_LOOKUP, model_generate,
     generate_kwargs=lambda setup: {"prompt_lookup_num_tokens": setup.prompt_lookup_num_tokens},
     drafts=True, batchable=False, label="lookup", settings=("prompt_lookup_num_tokens",),
+), builtin=True)
+register_baseline(Baseline(  # transformers refuses use_mtp past batch 1 ("assisted generate is only supported ...")
+    HF_MTP, _generate_mtp, generate_kwargs=_mtp_kwargs, drafts=True, batchable=False, label="hf-mtp",
 ), builtin=True)

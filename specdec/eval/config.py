@@ -39,7 +39,7 @@ class EvalConfig:
             them: the built-ins and any added with :func:`specdec.drafters.register_drafter`), or a local model path.
         num_draft_tokens: one k or several.
         baselines: among ``hf``, ``hf-compiled``, ``hf-assisted``, ``hf-assisted-heuristic``,
-            ``hf-prompt-lookup`` and any added with :func:`~specdec.eval.baselines.register_baseline`.
+            ``hf-prompt-lookup``, ``hf-mtp`` and any added with :func:`~specdec.eval.baselines.register_baseline`.
             ``hf-compiled`` compiles before timing (even with ``warmup=False``); ``summary.json`` reports its
             ``compile_seconds``, and every method's ``speedup_vs_hf_compiled``.
         tree: ``none`` or a tree mode (``static`` / ``dynamic`` / ``auto``, :data:`specdec.trees.modes.TREE_MODES`),

@@ -288,7 +288,7 @@ def build_runners(
     """
     from specdec.api import SpeculativeModel
 
-    drafts: dict[str, ResolvedDraft] = {}
+    drafts: dict[Any, ResolvedDraft] = {}
     specs: dict[tuple[str, int | None, str | None], Any] = {}
     runners: dict[str, Runner] = {}
     for m in methods:
@@ -301,15 +301,39 @@ def build_runners(
             extra = m.baseline.generate_kwargs(setup) if m.baseline.generate_kwargs is not None else None
             runners[m.name] = Runner(m, model, extra)
         else:
-            key = (m.draft, m.k if m.adaptive else None, m.tree, m.compiled)  # an adaptive policy learns per method
+            key = (m.draft, m.k if m.adaptive else None, m.tree, m.compiled, m.cache)  # adaptive k learns per method
             if key not in specs:
-                drafter = drafts[m.draft].draft
+                drafter = drafts[m.draft].draft if m.cache is None else _cache_drafter(drafts, m, model, tokenizer)
                 if compile_drafter and drafter.compilable and not any(s.drafter is drafter for s in specs.values()):
                     drafter.compile()  # once per drafter: its SpeculativeModels share it
                 specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
                                               adaptive=m.adaptive, tree=m.tree, compile_verifier=m.compiled)
             runners[m.name] = Runner(m, model, spec=specs[key], seeding=seeding)
     return runners
+
+
+def _cache_drafter(drafts: dict[Any, ResolvedDraft], m: MethodSpec, model: Any, tokenizer: Any) -> Any:
+    """The drafter of a method with a cross-call cache: one per (drafter, cache state), so cold and warm methods never
+    share a cache; a cold one's never learns (it stays empty), a warm one's learns from each call."""
+    from specdec.drafters.suffix import cross_call_cache
+
+    key = (m.draft, m.cache)
+    if key not in drafts:
+        drafts[key] = resolve_draft(m.draft, model, tokenizer)
+        cache = cross_call_cache(drafts[key].draft)
+        if cache is not None:
+            cache.learning = m.cache == "warm"
+    return drafts[key].draft
+
+
+def clear_cross_call_caches(runners: Mapping[str, Runner]) -> None:
+    """Empty every specdec drafter's cross-call cache (after the untimed warm-up, which must teach it nothing)."""
+    from specdec.drafters.suffix import cross_call_cache
+
+    for runner in runners.values():
+        cache = None if runner.spec is None else cross_call_cache(runner.spec.drafter)
+        if cache is not None:
+            cache.clear()
 
 
 def measure_tree_costs(runners: Mapping[str, Runner]) -> None:

@@ -48,6 +48,8 @@ ASSISTED_KINDS = tuple(b.name for b in registered_baselines() if b.needs_draft)
 DEFAULT_BASELINES = (HF, HF_ASSISTED)
 DEFAULT_DRAFT = "self:int8"
 DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # the value transformers' docs use
+#: the states a cross-call cache is measured in (``MethodSpec.cache``)
+CACHE_STATES = ("cold", "warm")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class MethodSpec:
     adaptive: bool = False  # specdec only: choose the draft length per step, up to k
     tree: str | None = None  # specdec only: a tree mode's name (TREE_MODES; None: chains)
     compiled: bool = False  # specdec only: verify passes through torch.compile (compile_verifier)
+    cache: str | None = None  # specdec with a cross-call cache (suffix): "cold" (kept empty) or "warm" (learns in order)
 
     def __post_init__(self) -> None:
         if self.kind != SPECDEC and self.baseline is None:
@@ -70,6 +73,9 @@ class MethodSpec:
             raise ValueError(f"specdec needs a draft length k >= 1, got {self.k!r}")
         if self.tree is not None and (self.kind != SPECDEC or self.tree not in TREE_MODES):
             raise ValueError(f"tree={self.tree!r}: trees are for specdec methods, one of {', '.join(TREE_MODES)}")
+        if self.cache is not None and (self.kind != SPECDEC or self.cache not in CACHE_STATES):
+            raise ValueError(f"cache={self.cache!r}: for specdec methods whose drafter learns across calls, one of "
+                             f"{', '.join(CACHE_STATES)}")
         if self.compiled and self.kind != SPECDEC:
             raise ValueError(f"compiled verify passes are for specdec methods, not {self.kind} (hf-compiled is HF's)")
 
@@ -79,7 +85,8 @@ class MethodSpec:
         if self.kind == SPECDEC:
             tree = f",tree={self.tree}" if self.tree else ""
             compiled = ",compiled" if self.compiled else ""
-            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}{compiled}]"
+            cache = f",{self.cache}" if self.cache else ""
+            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}{compiled}{cache}]"
         if self.baseline.needs_draft:
             return f"{self.kind}[{self.draft}]"
         return self.kind
@@ -100,10 +107,10 @@ class MethodSpec:
         # the kinds named KIND[DRAFTER], longest first so that no name is read as a shorter one
         drafted = sorted((*(b.name for b in registered_baselines() if b.needs_draft), SPECDEC), key=len, reverse=True)
         m = re.fullmatch(rf"({'|'.join(map(re.escape, drafted))})\[(.+?)(?:,k=(\d+))?(,adaptive)?(?:,tree=(\w+))?"
-                         r"(,compiled)?\]", name.strip())
+                         r"(,compiled)?(?:,(cold|warm))?\]", name.strip())
         if m:
             return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)), m.group(5),
-                       bool(m.group(6)))
+                       bool(m.group(6)), m.group(7))
         return cls(name.strip())
 
 
@@ -181,7 +188,23 @@ def plan_methods(
     methods += [MethodSpec(SPECDEC, d, k, tree=t, compiled=c) for d in drafts for k in ks for t in trees for c in compiled]
     if adaptive:
         methods += [MethodSpec(SPECDEC, d, k, adaptive=True, compiled=c) for d in drafts for k in ks for c in compiled]
-    return list(dict.fromkeys(methods))
+    return list(dict.fromkeys(_cache_states(methods)))
+
+
+def _cache_states(methods: list[MethodSpec]) -> list[MethodSpec]:
+    """Each specdec method whose drafter learns across calls (``suffix``, ``composite:suffix``) twice: ``cold`` (its
+    cache kept empty) and ``warm`` (its cache fed by the run's earlier calls, in order; never the same prompt's)."""
+    from dataclasses import replace
+
+    from specdec.draft_kinds import learns_across_calls
+
+    out = []
+    for m in methods:
+        if m.kind == SPECDEC and m.cache is None and learns_across_calls(m.draft):
+            out += [replace(m, cache=state) for state in CACHE_STATES]
+        else:
+            out.append(m)
+    return out
 
 
 def batchable(methods: Sequence[MethodSpec]) -> list[MethodSpec]:

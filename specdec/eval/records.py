@@ -178,8 +178,8 @@ def make_error_record(prompt: Prompt, index: int, method: MethodSpec, slot: int,
     measurement (no ``new_tokens``, ``seconds``, ``output_ids``); the summary counts it in the method's ``errors``."""
     return {"prompt_id": prompt.id, "prompt_index": index, "group": prompt.group,
             "prompt_sha256": prompt_hash(prompt.text), "method": method.name, "kind": method.kind,
-            "draft": method.draft, "k": method.k, "order": slot, "rank": rank, "prompt_tokens": prompt_tokens,
-            "error": error}
+            "draft": method.draft, "k": method.k, "cache": method.cache, "order": slot, "rank": rank,
+            "prompt_tokens": prompt_tokens, "error": error}
 
 
 def make_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: "Measurement", prompt_tokens: int,
@@ -189,7 +189,7 @@ def make_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: "M
     new = len(m.output_ids)
     rec: dict[str, Any] = {
         "prompt_id": prompt.id, "prompt_index": index, "group": prompt.group, "prompt_sha256": prompt_hash(prompt.text),
-        "method": method.name, "kind": method.kind, "draft": method.draft, "k": method.k,
+        "method": method.name, "kind": method.kind, "draft": method.draft, "k": method.k, "cache": method.cache,
         "order": slot, "rank": rank, "prompt_tokens": prompt_tokens, "new_tokens": new,
         "seconds": m.seconds, "tokens_per_s": metrics.throughput(new, m.seconds),
         "time_to_first_token": m.time_to_first_token, "time_per_output_token": m.time_per_output_token,

@@ -185,7 +185,8 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
     for m in methods:
         bases = {b: rows(b) for b in baselines if b != m.name or b == ref}
         compare = m.kind != ref
-        entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k, "batch_size": batch_size,
+        entry = {"name": m.name, "kind": m.kind, "draft": m.draft, "k": m.k, "cache": getattr(m, "cache", None),
+                 "batch_size": batch_size,
                  **_figures(rows(m.name), bases, m.speculative, greedy, reference, compare),
                  **_errors(all_rows(m.name))}
         baseline = get_baseline(m.kind)

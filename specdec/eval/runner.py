@@ -30,6 +30,7 @@ from specdec.eval.json_schema import SchemaConstraints, require_schemas, validit
 from specdec.eval.measure import (
     WARMUP_TOKENS,
     build_runners,
+    clear_cross_call_caches,
     measure_tree_costs,
     prime_drafters,
     prime_verifiers,
@@ -210,6 +211,7 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
                     if _stops_run(err):
                         raise
                     warnings.warn(f"{m.name} failed its warm-up: {error_message(err)}", stacklevel=2)
+        clear_cross_call_caches(runners)  # a warm cache learns from the timed calls alone, in prompt order
 
     pairs = sum(1 for batch, pending in todo for _, p in batch for m in pending if (p.id, m.name) not in done)
     bar = _Progress(pairs, methods, config.progress, state.process_index, state.num_processes)

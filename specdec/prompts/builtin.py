@@ -4,6 +4,9 @@
   a recipe, a flight booking; function calls), in three groups: ``extraction`` (from a short passage),
   ``tool_call`` and ``generation``. Each row has the schema in its prompt text and in its ``schema`` field
   (``specdec eval --json-schema`` generates under it). Built by ``benchmarks/json_schema_prompts.py``.
+- ``revise-loop``: 10 tasks x 4 rounds (``<task>-r<round>``, group ``revise``); round r quotes the embedded model's
+  own greedy answer to round r - 1 (chat template, 64 new tokens) and asks it to improve it: the workload of suffix
+  decoding's cross-call cache (docs/suffix.md). Built by ``benchmarks/revise_loop_prompts.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 _DATA = Path(__file__).resolve().parent / "data"
 
 #: name -> file under specdec/prompts/data
-BUILTIN_SETS = {"json-schema": "json_schema.jsonl"}
+BUILTIN_SETS = {"json-schema": "json_schema.jsonl", "revise-loop": "revise_loop.jsonl"}
 
 
 def builtin_set(name: str) -> Path | None:

@@ -14,9 +14,10 @@ position ids count only its valid slots. Rolling a row back marks its tail inval
 only moves back to the longest row. Per-row pointers (scatter writes, no holes) measured 3-7% faster
 per batched verify pass (benchmarks/cache_layouts.py: the holes lengthen the attention span until a
 compaction), but they need a hand-built 4-D mask that bypasses transformers' own (sdpa/eager only,
-sliding windows by hand); here the slot map is the mask: for eager/sdpa attention without a sliding window a
-4-D additive mask built on the device (:attr:`CausalLMRunner.custom_masks`; a 2-D padding mask would be read back
-by transformers on every 1-token forward), else transformers builds it from the 2-D map, for every attention backend.
+sliding windows by hand); here the slot map is the mask: for eager/sdpa attention a 4-D additive mask built on
+the device (:attr:`CausalLMRunner.custom_masks`; a 2-D padding mask would be read back by transformers on every
+1-token forward), one per layer type with sliding windows and chunks counted in positions
+(:mod:`specdec.runners.masks`), else transformers builds it from the 2-D map, for every attention backend.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from transformers import PreTrainedModel
 
 from specdec.errors import SpecdecError
 from specdec.slots import STATIC_LENGTH_STEP, primed_widths, static_slots
+from specdec.runners import recurrent
 from specdec.runners.cache import cache_argument
+from specdec.runners.masks import MaskLayout
 from specdec.runners.session import CacheSession, StepOutput
 from specdec.runners.static import COMPILE_ERRORS, StaticVerifier
 
@@ -78,15 +81,24 @@ def check_supported(model: torch.nn.Module, role: str = "verifier") -> None:
         )
     if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
         raise UnsupportedModelError(f"the {role} ({config.model_type}) has no language-modeling head")
+    # recurrent / convolutional layers (hybrids) roll back through specdec.runners.recurrent; MLP-only blocks keep nothing
+    held = set(recurrent.recurrent_layer_types(config))
+    kinds = recurrent.cache_layer_types(config)
     layer_types = getattr(config, "layer_types", None) or []
-    odd = sorted({t for t in layer_types if t not in _KV_LAYER_TYPES})
+    odd = sorted({t for i, t in enumerate(layer_types) if t not in _KV_LAYER_TYPES and i not in held
+                  and (i >= len(kinds) or kinds[i] != "dummy")})
     if odd:
         raise UnsupportedModelError(
-            f"the {role} ({config.model_type}) has layers of type {odd} whose state is not a key/value history; "
-            "only attention caches can be rolled back by specdec"
+            f"the {role} ({config.model_type}) has layers of type {odd} whose state is neither a key/value history nor "
+            "a recurrent state that specdec can roll back"
         )
-    if getattr(config, "model_type", "") in {"mamba", "mamba2", "rwkv", "falcon_mamba"}:
-        raise UnsupportedModelError(f"the {role} ({config.model_type}) does not use a transformers KV cache")
+    if getattr(config, "model_type", "") in {"rwkv"}:
+        raise UnsupportedModelError(f"the {role} ({config.model_type}) does not use a transformers Cache")
+    if held:
+        try:
+            recurrent.layout(model)
+        except ValueError as err:
+            raise UnsupportedModelError(f"the {role} ({config.model_type}) has recurrent layers, but {err}") from None
 
 
 def _kv_layout(config) -> tuple:
@@ -119,15 +131,17 @@ class CausalLMRunner:
         self._kv_dtype: torch.dtype | None = None  # dtype of the keys/values this model writes (seen once)
         self.cache_arg = cache_argument(model)
         self.keep_logits = model._supports_logits_to_keep() if hasattr(model, "_supports_logits_to_keep") else False
-        config = model.config
-        self.sliding = bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True) is not False
+        self.mask_layout = MaskLayout.of(model.config)  # masks per layer type, sliding windows and chunks
+        self.recurrent = recurrent.layout(model)  # hybrids: recurrent layers and their mixers (None: attention only)
+        self.sliding = self.mask_layout.restricted
 
     @property
     def custom_masks(self) -> bool:
-        """Whether this model takes a custom 4-D attention mask as is (eager or sdpa attention, no sliding window):
-        then a session with padding or holes passes one built on the device (no host read a pass)."""
+        """Whether this model takes custom 4-D attention masks as is (eager or sdpa attention; windows are cut by
+        :mod:`specdec.runners.masks`): then a session with padding or holes passes them built on the device (no host
+        read a pass)."""
         impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
-        return impl in ("eager", "sdpa") and not self.sliding
+        return impl in ("eager", "sdpa") and self.recurrent is None  # recurrent layers read the 2-D padding mask
 
     def compile(self) -> None:
         """Run forwards through ``torch.compile`` (inductor, dynamic shapes).
@@ -138,6 +152,10 @@ class CausalLMRunner:
         seconds; cached on disk by inductor for later processes); if compilation fails, forwards
         fall back to eager with a warning.
         """
+        if self.recurrent is not None:  # the mixers' hooks record inputs for the rollback: a graph would skip them
+            warnings.warn(f"the {self.role} ({self.model.config.model_type}) has recurrent layers, whose rollback "
+                          "hooks a compiled graph would bypass; running it eagerly", stacklevel=2)
+            return
         self._compiled = torch.compile(self.model, dynamic=True)
 
     def compile_static(self, options: dict[str, Any] | None = None) -> None:
@@ -145,8 +163,10 @@ class CausalLMRunner:
         ``compile_verifier``; :mod:`specdec.runners.static`). ``options``: ``torch.compile`` keyword arguments
         (with inductor, ``mode`` defaults to ``"reduce-overhead"``, CUDA graphs, on CUDA).
 
-        Raises :class:`UnsupportedModelError` for models whose attention ignores custom 4-D masks or that use
-        sliding windows: a static pass's mask spans the whole buffer and would bypass the window."""
+        Raises :class:`UnsupportedModelError` for models whose attention ignores custom 4-D masks: a static pass's
+        masks span the whole buffer (per layer type, with sliding windows cut by position)."""
+        if self.recurrent is not None:
+            raise UnsupportedModelError(f"the {self.role}: " + recurrent.refusal(self.model, "compile"))
         self.check_tree_masks(purpose="a compiled verifier (compile_verifier) passes its own")
         # one per model and options, kept on the model as transformers keeps its compiled call: every wrapper of
         # the model (an eval's methods) shares its graphs and cache pool instead of compiling its own
@@ -246,6 +266,7 @@ class CausalLMRunner:
         width = source.cache.length
         session.valid[:, :width] = source.valid[:, :width]
         session.counts, session.dense = source.counts.clone(), source.dense
+        session.adopt_positions(source, width)
         return session
 
     def run(self, session: CacheSession, hidden_layers: tuple[int, ...], **inputs) -> StepOutput:
@@ -276,14 +297,11 @@ class CausalLMRunner:
     def check_tree_masks(self, purpose: str = "tree drafts need") -> None:
         """Raise :class:`UnsupportedModelError` if this model cannot take a custom 4-D attention mask
         (``purpose`` says who needs one)."""
+        if self.recurrent is not None:
+            raise UnsupportedModelError(f"the {self.role}: " + recurrent.refusal(self.model, "tree"))
         impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
         if impl not in ("eager", "sdpa"):
             raise UnsupportedModelError(
                 f"the {self.role} uses {impl!r} attention, which ignores custom 4-D masks: {purpose} one, so use "
                 "attn_implementation='sdpa' or 'eager'"
-            )
-        if self.sliding:
-            raise UnsupportedModelError(
-                f"the {self.role} ({self.model.config.model_type}) uses sliding-window attention; a custom 4-D mask "
-                f"would bypass its window, and {purpose} one, so it is refused for this model"
             )

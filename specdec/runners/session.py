@@ -4,6 +4,8 @@ All rows share one write pointer into the preallocated cache (docs/design.md, "R
 ``valid [batch, max_len]`` says which slots of each row hold real tokens: left padding, rejected
 drafts and filler are invalid slots that the attention mask hides. Each row's position ids count its
 valid slots, unless a forward passes explicit ``position_ids`` (tree drafts: committed length + depth).
+Models with sliding-window (or chunked) layers also keep each slot's position id (``positions``): their masks,
+one per layer type (:mod:`specdec.runners.masks`), count the window in positions, so holes do not shift it.
 
 Two ways to drop tokens after a verify pass: :meth:`CacheSession.keep` keeps a prefix of each row
 (chains; a pointer move, no copy) and :meth:`CacheSession.keep_slots` keeps any subset of the slots
@@ -22,6 +24,8 @@ import torch
 
 from specdec.transfer import upload
 from specdec.runners.cache import CacheOverflowError, ManagedCache
+from specdec.runners.recurrent import RecurrentHistory
+from specdec.runners.masks import MaskLayout, additive, positions_of
 
 if TYPE_CHECKING:
     from specdec.runners.static import StaticVerifier
@@ -41,8 +45,9 @@ class Runner(Protocol):
     """What a session needs of the model runner that made it (:class:`specdec.runners.hf.CausalLMRunner`)."""
 
     model: Any
-    sliding: bool
-    custom_masks: bool  # the model takes a custom 4-D mask as is (eager/sdpa attention, no sliding window)
+    sliding: bool  # some layers see a window (or chunk) of positions: transformers' own masks count it in slots
+    custom_masks: bool  # the model takes custom 4-D masks as is (eager/sdpa attention; masks.py adds windows)
+    mask_layout: MaskLayout  # which masks it takes (one per layer type, windows)
     cache_arg: str  # the keyword the model's forward takes its cache by
     num_layers: int
 
@@ -68,6 +73,13 @@ class CacheSession:
         # host knowledge, so a pass needs no device read: every slot before the pointer is real in every row (no
         # left padding, no holes). False only means "unknown": the mask is then built, which is always correct.
         self.dense = True
+        # each slot's position id, for windows counted in positions (sliding / chunked layers; None without them)
+        layout = getattr(runner, "mask_layout", None)
+        self.positions = torch.zeros(batch, max_len, dtype=torch.long, device=device) \
+            if layout is not None and layout.restricted else None
+        # hybrid models: recurrent layers, and the checkpoints and mixer inputs that roll them back (recurrent.py)
+        plan = getattr(runner, "recurrent", None)
+        self.recurrent = RecurrentHistory(self.cache, plan) if plan is not None else None
 
     @property
     def length(self) -> int:
@@ -88,9 +100,11 @@ class CacheSession:
         if self._static_now:
             return self._forward_static(tokens, valid, position_ids, tree_mask, tuple(hidden_layers))
         start, n = self.length, tokens.shape[1]
-        if (self.runner.sliding or start + n > self.cache.max_cache_len) and not self.dense and self._has_holes():
-            # Squeeze out holes left by ragged rows: when they use up the slots, and always for
-            # sliding-window models, whose window is counted in slots rather than tokens.
+        custom = getattr(self.runner, "custom_masks", False)
+        if ((self.runner.sliding and not custom) or start + n > self.cache.max_cache_len) and not self.dense \
+                and self._has_holes():
+            # Squeeze out holes left by ragged rows: when they use up the slots, and for sliding-window models
+            # whose masks transformers builds (it counts the window in slots; ours count positions).
             self.compact()
             start = self.length
         if start + n > self.cache.max_cache_len:
@@ -111,19 +125,25 @@ class CacheSession:
             if position_ids is None:  # position of a real token = real tokens before it in its row; filler 0 (masked)
                 position_ids = (self.counts.unsqueeze(1) + valid.long().cumsum(dim=1) - 1).clamp_min(0)
             self.counts = self.counts + valid.sum(dim=1)
+        if self.positions is not None:
+            self.positions[:, start : start + n] = position_ids
         seen = self.valid[:, : start + n]
         if tree_mask is not None:
-            mask = self._tree_mask(tree_mask, seen, start)
-        elif self.dense:
+            mask = self._layer_masks(self._tree_allowed(tree_mask, seen, start), position_ids, start + n)
+        elif self.dense:  # transformers' own masks: slots are positions here
             mask = None
-        elif getattr(self.runner, "custom_masks", False):
+        elif custom:
             # a 4-D mask built on the device: transformers takes it as is, where a 2-D padding mask is read back
             # (``bool``) on every 1-token forward to see whether it can be skipped
-            mask = self._additive(self._causal_allowed(seen, start, n))
-        else:  # other attention kernels, sliding windows: transformers builds the mask from the padding mask
+            mask = self._layer_masks(self._causal_allowed(seen, start, n), position_ids, start + n)
+        else:  # other attention kernels (flash, flex): transformers builds the mask from the padding mask
             mask = seen.long()
+        if self.recurrent is not None:
+            self.recurrent.before_forward(n, valid)
         out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
                               position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache}, **extra)
+        if self.recurrent is not None:
+            self.recurrent.after_forward()
         if self.static is not None:  # the prefill ran: static passes from now on
             self.static.activate(self.cache)
         return out
@@ -154,6 +174,8 @@ class CacheSession:
         self.valid[:, start : start + n] = valid
         self.valid[:, start + n : start + width] = False  # padding: stale slots past the pointer
         self.counts = self.counts + valid.sum(dim=1)
+        if self.positions is not None:
+            self.positions[:, start : start + n] = position_ids
         seen = self.valid
         if tree_mask is not None:
             allowed = self._tree_allowed(tree_mask, seen[:, : start + n], start)
@@ -161,15 +183,20 @@ class CacheSession:
         else:
             allowed = self._causal_allowed(seen, start, n)
         batch = self.cache.layers[0].keys.shape[0]
-        full = torch.zeros(batch, width, seen.shape[1], dtype=torch.bool, device=seen.device)
         diagonal = torch.arange(width, device=seen.device)
-        full[:, diagonal, start + diagonal] = True  # filler and dummy rows see their own slot
-        full[self.live, :n] |= allowed
+
+        def place(allowed: torch.Tensor) -> torch.Tensor:  # the live rows' view in the whole buffer, padded to width
+            full = torch.zeros(batch, width, seen.shape[1], dtype=torch.bool, device=seen.device)
+            full[:, diagonal, start + diagonal] = True  # filler and dummy rows see their own slot
+            full[self.live, :n] |= allowed
+            return self._additive(full)
+
+        mask = self._layer_masks(allowed, position_ids, seen.shape[1], finish=place)
         ids = torch.zeros(batch, width, dtype=tokens.dtype, device=tokens.device)
         ids[self.live, :n] = tokens
         positions = torch.zeros(batch, width, dtype=torch.long, device=tokens.device)
         positions[self.live, :n] = position_ids
-        out = self.runner.run_static(self, hidden_layers, input_ids=ids, attention_mask=self._additive(full),
+        out = self.runner.run_static(self, hidden_layers, input_ids=ids, attention_mask=mask,
                                      position_ids=positions, use_cache=True, **{self.runner.cache_arg: self.cache})
         pick = lambda t: None if t is None else t[self.live, :n]  # noqa: E731  (a copy: CUDA graphs reuse outputs)
         return StepOutput(pick(out.logits), pick(out.hidden))
@@ -184,14 +211,18 @@ class CacheSession:
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         """``allowed [batch, n, t]`` as the additive mask ``[batch, 1, n, t]`` transformers takes as is."""
-        dtype = self.runner.model.dtype
-        zero = torch.zeros((), dtype=dtype, device=allowed.device)
-        blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
-        return torch.where(allowed, zero, blocked).unsqueeze(1)
+        return additive(allowed, self.runner.model.dtype)
 
-    def _tree_mask(self, tree_mask: torch.Tensor, seen: torch.Tensor, start: int) -> torch.Tensor:
-        """The additive 4-D mask ``[batch, 1, n, start + n]`` of :meth:`_tree_allowed`."""
-        return self._additive(self._tree_allowed(tree_mask, seen, start))
+    def _layer_masks(self, allowed: torch.Tensor, query_positions: torch.Tensor, slots: int,
+                     finish: Any = None) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The model's mask argument for ``allowed [batch, n, slots]`` (what each new token may see): one additive
+        mask, or one per layer type with windows cut by position (:class:`~specdec.runners.masks.MaskLayout`).
+        ``finish``: bool view -> mask passed on (default :meth:`_additive`)."""
+        finish = finish or self._additive
+        layout = getattr(self.runner, "mask_layout", None)
+        if layout is None or not layout.restricted:  # every layer sees its whole causal past: one mask
+            return finish(allowed)
+        return layout.masks(allowed, query_positions, self.positions[:, :slots], finish)
 
     def _tree_allowed(self, tree_mask: torch.Tensor, seen: torch.Tensor, start: int) -> torch.Tensor:
         """Which slots each new token sees, ``[batch, n, start + n]``: cached valid slots, then ``tree_mask`` over
@@ -212,6 +243,8 @@ class CacheSession:
         counts = torch.as_tensor(counts, dtype=torch.long, device=self.valid.device)
         if bool((counts > self.counts).any()):
             raise ValueError(f"cannot keep {counts.tolist()} tokens: rows hold only {self.counts.tolist()}")
+        if self.recurrent is not None:
+            self.recurrent.keep((self.counts - counts).tolist())
         real_before = self.valid.long().cumsum(dim=1)
         self.valid &= real_before <= counts.unsqueeze(1)
         self.counts = counts
@@ -223,6 +256,8 @@ class CacheSession:
         ``kept[b]``; the rest become holes and the pointer moves back past the last kept slot. ``kept_device``:
         ``kept`` on the device if the caller has it there (else uploaded). Host arithmetic only: no device read.
         The slot before the ``n`` is real in some row (every forward ends with a real column)."""
+        if self.recurrent is not None:  # restore (and replay) each row's recurrent state first
+            self.recurrent.keep_recent(n, kept)
         if n == 0:
             return
         start = self.length - n
@@ -272,11 +307,17 @@ class CacheSession:
         device: a read)."""
         start, device = self.length - n, self.valid.device
         kept = [len(row) for row in rows]
+        if self.recurrent is not None:  # a recurrent state keeps a prefix of what it read, never a tree path
+            if any(row != list(range(len(row))) for row in rows):
+                raise RuntimeError("recurrent layers cannot keep a subset of slots that is not a prefix")
+            self.recurrent.keep_recent(n, kept)
         if any(row != list(range(len(row))) for row in rows):  # not a prefix: gather the kept slots to the front
             order = [row + [i for i in range(n) if i not in set(row)] for row in map(list, rows)]
             order = upload(order, torch.long, device).view(len(rows), n)
             for layer in self.cache.layers:
                 layer.gather_slots(self._buffer_order(order), start)
+            if self.positions is not None:  # positions move with their slots
+                self.positions[:, start : start + n] = self.positions[:, start : start + n].gather(1, order)
         kept_device = upload(kept, torch.long, device)
         self.counts = self.counts - self.valid[:, start : start + n].sum(dim=1) + kept_device
         self.valid[:, start : start + n] = torch.arange(n, device=device).unsqueeze(0) < kept_device.unsqueeze(1)
@@ -294,9 +335,17 @@ class CacheSession:
 
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` slots of every row (all rows aligned)."""
+        if self.recurrent is not None:
+            self.recurrent.keep((self.counts - self.valid[:, :length].sum(dim=1)).tolist())
         self.cache.rollback(length)
         self.valid[:, length:] = False
         self.counts = self.valid.sum(dim=1)
+
+    def adopt_positions(self, source: "CacheSession", width: int) -> None:
+        """Take ``source``'s slot positions of its first ``width`` slots (a session adopting its cache)."""
+        if self.positions is not None:
+            theirs = source.positions if source.positions is not None else positions_of(source.valid)
+            self.positions[:, :width] = theirs[:, :width]
 
     def _has_holes(self) -> bool:
         """Whether some row has an invalid slot after its first real token (left padding is no hole)."""
@@ -311,6 +360,8 @@ class CacheSession:
         order = torch.argsort(self.valid[:, : self.length].to(torch.int8), dim=1, stable=True)[:, -n:]
         for layer in self.cache.layers:
             layer.gather_slots(self._buffer_order(order))
+        if self.positions is not None:  # positions move with their slots
+            self.positions[:, :n] = self.positions.gather(1, order)
         self.dense = False  # rows of fewer tokens are left padded now
         self.valid.zero_()
         self.valid[:, :n] = torch.arange(n, device=self.valid.device).unsqueeze(0) >= (n - self.counts).unsqueeze(1)
@@ -334,16 +385,22 @@ class CacheSession:
             rows = rows.to(self.valid.device)
         else:  # host data (the engine's index): a non-blocking upload
             rows = upload(rows.tolist() if isinstance(rows, torch.Tensor) else list(rows), torch.long, self.valid.device)
+        if self.positions is not None:
+            self.positions = self.positions[rows]
         if self._static_now:
             self.live, self.valid, self.counts = self.live[rows], self.valid[rows], self.counts[rows]
             return
         with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
             for layer in self.cache.layers:
                 layer.batch_select_indices(rows)
+            if self.recurrent is not None:
+                self.recurrent.keep_rows(rows)
         self.valid, self.counts, self.live = self.valid[rows], self.counts[rows], self.live[: len(rows)]
 
     def release(self) -> None:
         """Drop the cache (frees its buffers; a static one goes back to its pool)."""
         if self.static is not None and self.cache is not None:
             self.static.give_back(self.cache)
-        self.cache = self.valid = self.counts = None
+        if getattr(self, "recurrent", None) is not None:
+            self.recurrent.clear()
+        self.cache = self.valid = self.counts = self.positions = None

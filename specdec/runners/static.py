@@ -5,7 +5,8 @@ An eager verify pass of a small model is bound by per-op overhead on a CPU and b
 fixed shapes. So a compiled pass is laid out the way transformers' static cache lays out a decode step:
 
 - the cache is the whole preallocated buffer (``[batch, kv_heads, length, head_dim]``, length rounded up by
-  :func:`specdec.slots.static_slots`), written at a tensor pointer and read in full under a full-width additive mask;
+  :func:`specdec.slots.static_slots`), written at a tensor pointer and read in full under a full-width additive mask
+  (one per layer type for sliding-window models, the window cut by position: :mod:`specdec.runners.masks`);
 - the pass is padded to one of a few widths (:func:`specdec.slots.pass_widths`) with masked filler;
 - rows that finish stay in the buffers as masked dummies, so the batch never changes inside a call.
 
@@ -138,7 +139,9 @@ class StaticVerifier:
     def __call__(self, hidden: bool, **inputs: Any) -> Any:
         """One static pass through the compiled model (eager if compiling failed)."""
         if self.failed is None:
-            shape = (inputs["input_ids"].shape, inputs["attention_mask"].shape[-1], hidden)
+            mask = inputs["attention_mask"]  # one mask, or one per layer type (sliding windows), all as wide
+            slots = next(iter(mask.values())) if isinstance(mask, dict) else mask
+            shape = (inputs["input_ids"].shape, slots.shape[-1], hidden)
             new = self.pads and shape not in self._shapes  # CUDA graphs: records a graph
             frames, start = _frames(), time.perf_counter()
             try:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from specdec.sizing.configs import ConfigLike, arch, get_field, resolve
 from specdec.sizing.kv import kv_bytes_per_token, naive_kv_bytes_per_token
 from specdec.sizing.memory import dtype_bytes, dtype_name
+from specdec.sizing.state import state_bytes_per_row
 
 
 def activation_bytes(config: ConfigLike, tokens: int, dtype: Any = "bfloat16", logits_positions: int = 0) -> int:
@@ -111,6 +112,19 @@ class Workload:
         per_token = naive_kv_bytes_per_token if self.naive_heads else kv_bytes_per_token
         return per_token(self.drafter, self.draft_kv_dtype)
 
+    @cached_property
+    def verifier_state_per_row(self) -> int:
+        """Hybrids: recurrent state per row, with one checkpoint and the recorded input of one verify pass."""
+        return state_bytes_per_row(self.verifier, self.kv_dtype, checkpoints=1, tokens=self.draft_len + 1)
+
+    @cached_property
+    def drafter_state_per_row(self) -> int:
+        """A hybrid model drafter's: a checkpoint and a recorded input per forward of one proposal."""
+        if self.drafter is None:
+            return 0
+        return state_bytes_per_row(self.drafter, self.draft_kv_dtype, checkpoints=self.draft_len,
+                                   tokens=self.draft_len + 1)
+
     def need(self, batch: int, slots: int, prefill_tokens: int) -> Need:
         """Bytes for ``batch`` rows whose managed caches hold ``slots`` slots each, after a prefill of
         ``prefill_tokens`` prompt tokens per row (at most ``slots``)."""
@@ -119,9 +133,10 @@ class Workload:
         return Need(
             verifier_weights=self.verifier_weights,
             drafter_weights=self.drafter_weights,
-            # == managed_cache_bytes(model, batch, slots, kv dtype): what ManagedCache allocates
-            verifier_cache=batch * slots * self.verifier_kv_per_token,
-            drafter_cache=batch * slots * self.drafter_kv_per_token,
+            # == managed_cache_bytes(model, batch, slots, kv dtype): what ManagedCache allocates, plus, for
+            # hybrids, the recurrent state and its rollback checkpoints (specdec.sizing.state)
+            verifier_cache=batch * (slots * self.verifier_kv_per_token + self.verifier_state_per_row),
+            drafter_cache=batch * (slots * self.drafter_kv_per_token + self.drafter_state_per_row),
             activations=acts,
             reserve=self.reserve,
         )

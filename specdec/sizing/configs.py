@@ -177,6 +177,7 @@ _FULL_TYPES = {"full_attention", "attention", "full", "global", "global_attentio
 _SLIDING_TYPES = {"sliding_attention", "sliding", "local", "local_attention", "window_attention", "hybrid_sliding"}
 _CHUNKED_TYPES = {"chunked_attention"}
 _NO_KV_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "recurrent", "rwkv", "ssm", "deltanet"}
+_STATELESS_TYPES = {"mlp", "moe", "dummy"}  # MLP/MoE-only blocks (nemotron_h): no attention, no state
 
 
 @dataclass(frozen=True)
@@ -296,7 +297,7 @@ def _layer_kind(cfg: Any, t: str, window: int | None) -> tuple[str, int | None]:
     if t in _CHUNKED_TYPES:
         chunk = get_field(cfg, "attention_chunk_size")
         return ("chunked", int(chunk)) if chunk else ("full", None)
-    if t in _NO_KV_TYPES:
+    if t in _NO_KV_TYPES or t in _STATELESS_TYPES:
         return ("none", None)
     raise ValueError(
         f"layer type {t!r} is not understood by the planner (known: full/sliding/chunked "

@@ -232,7 +232,8 @@ def _notes(layers: dict[str, int], context: int, model_max: int | None) -> list[
         notes.append("sliding layers: kv_cache_bytes caps them at the window; specdec's managed cache keeps the "
                      "full context on them (exact rollback), and the breakdown counts that")
     if layers.get("none"):
-        notes.append("layers without KV (linear attention / recurrent) keep a fixed-size state per row, not counted")
+        notes.append("layers without KV (linear attention / recurrent) keep a fixed-size state per row: counted in the "
+                     "caches with the checkpoints specdec's rollback keeps (specdec.sizing.state)")
     if model_max and context > model_max:
         notes.append(f"context {context:,} exceeds the model's max_position_embeddings {model_max:,}")
     return notes

@@ -1,0 +1,467 @@
+"""Recurrent and convolutional layer state (hybrid models: Gated DeltaNet, Mamba-1/2, short convolutions) in the
+managed cache, and its exact rollback (docs/design.md, "Hybrid models").
+
+An attention layer's history is a list of slots, so rolling back is a pointer move. A recurrent layer keeps one
+state per row that each token overwrites: after a verify pass of ``n`` tokens it holds the state after all ``n``,
+and a row that kept ``m < n`` needs the state after its ``m``-th. transformers' mixers (e.g.
+``Qwen3NextGatedDeltaNet``, ``NemotronHMamba2Mixer``, ``Lfm2ShortConv``) all read their state from the cache by
+``layer_idx`` (``get_conv_state`` / ``get_recurrent_state``) and write the final one back, so:
+
+* :class:`RecurrentLayer` is a :class:`~specdec.runners.cache.ManagedLayer` (its slot pointer moves with every other
+  layer's; falcon_h1's "hybrid" layers also use its keys and values) that also holds the conv/recurrent states,
+  through transformers' own ``LinearAttentionLayer`` code, so the mixers see the Cache API they expect.
+* :class:`RecurrentHistory` (one per session) keeps, for every forward since the last commit, a copy of each
+  recurrent layer's states before it (a *checkpoint*) and each mixer's input (a forward pre-hook records it).
+* On rollback, rows that kept everything keep their state; every other row gets the checkpoint of the forward that
+  holds its last kept token and, unless that token ends a forward, a *replay* of only that layer's mixer over its
+  kept inputs of that forward, on a one-layer proxy cache holding just those rows. No second model pass: a model
+  drafter's one-token forwards always land on a checkpoint (restore only); a verify pass replays the mixers over at
+  most ``k`` tokens of the rows that rejected a draft.
+
+Trees (a recurrent layer would read the tree's nodes in sequence, mixing branches) and static compiled passes are
+refused for these models (:func:`refusal`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin, LinearAttentionLayer
+
+try:  # transformers >= 5.2x declares each layer type's cache class; older ones run no hybrid (check_supported refuses)
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DummyLayer, get_layer_types_and_kwargs
+except ImportError:
+    DYNAMIC_LAYER_TYPE_MAPPING, DummyLayer, get_layer_types_and_kwargs = {}, None, None
+
+from specdec.runners.cache import ManagedLayer
+
+_HOOKED = "_specdec_recurrent_hooks"  # set on a model whose mixers carry our pre-hook (copies of it inherit both)
+# A rollback replays at most this many tokens one at a time, through the mixer's decode path: transformers' chunked
+# scans (the Gated DeltaNet's torch fallback pads every call to 64 tokens) cost a whole pass for a 2-token replay.
+STEPWISE_REPLAY = 8
+
+
+class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
+    """A managed layer that also holds ``number_of_states`` conv/recurrent states per row (transformers'
+    ``LinearAttentionLayer`` API). Its slot pointer moves with the cache's; keys and values are allocated only if
+    the model writes some (falcon_h1's hybrid layers)."""
+
+    is_compileable = False
+
+    def __init__(self, max_cache_len: int, number_of_states: int = 1, **kwargs) -> None:
+        ManagedLayer.__init__(self, max_cache_len)
+        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        if args:  # keys and values (an attention update): the managed buffers
+            ManagedLayer.lazy_initialization(self, *args)
+        else:  # conv_states= / recurrent_states= (a mixer's first write)
+            LinearAttentionLayer.lazy_initialization(self, **kwargs)
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None,
+                          **kwargs) -> torch.Tensor:
+        if self.is_conv_states_initialized[state_idx] and conv_states.dtype != self.conv_states[state_idx].dtype:
+            self.conv_states[state_idx] = self.conv_states[state_idx].to(conv_states.dtype)  # adopted across dtypes
+        return LinearAttentionLayer.update_conv_state(self, conv_states, state_idx, conv_kernel_size, **kwargs)
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
+        if self.is_recurrent_states_initialized[state_idx] and \
+                recurrent_states.dtype != self.recurrent_states[state_idx].dtype:
+            self.recurrent_states[state_idx] = self.recurrent_states[state_idx].to(recurrent_states.dtype)
+        return LinearAttentionLayer.update_recurrent_state(self, recurrent_states, state_idx, **kwargs)
+
+    @property
+    def is_croppable(self) -> bool:  # a crop cannot bring back an overwritten state; the session's history can
+        return False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("a recurrent layer's state cannot be cropped; roll back through its CacheSession")
+
+    def reset(self) -> None:
+        ManagedLayer.reset(self)
+        LinearAttentionLayer.reset(self)
+
+    def states(self) -> Snapshot:
+        """A copy of the states now (a checkpoint)."""
+        return Snapshot(
+            {i: s.clone() for i, s in self.conv_states.items() if s is not None and self.has_previous_state[i]},
+            {i: s.clone() for i, s in self.recurrent_states.items() if s is not None and self.has_previous_state[i]},
+            dict(self.has_previous_state))
+
+    def write_rows(self, rows: torch.Tensor, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> None:
+        """Overwrite the states of batch ``rows`` (in place: the buffers keep their address)."""
+        for mine, new in ((self.conv_states, conv), (self.recurrent_states, recurrent)):
+            for i, value in new.items():
+                if mine[i] is not None:
+                    mine[i][rows.to(mine[i].device)] = value.to(mine[i].dtype)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        ManagedLayer.batch_select_indices(self, indices)
+        for states in (self.conv_states, self.recurrent_states):
+            for i, s in states.items():
+                if s is not None:
+                    states[i] = s[indices.to(s.device)].contiguous()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def adopt(self, other: ManagedLayer, dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> None:
+        """Start from ``other``'s slots and states (a drafter adopting the verifier's prompt cache)."""
+        if other.is_initialized:
+            ManagedLayer.adopt(self, other, dtype, rows)
+        self.length = other.length
+        if not isinstance(other, RecurrentLayer):
+            return
+        for name in ("conv_states", "recurrent_states"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            for i, s in theirs.items():
+                if s is not None:
+                    mine[i] = (s if rows is None else s[rows]).clone()
+        self.conv_kernel_size = dict(other.conv_kernel_size)
+        self.has_previous_state = dict(other.has_previous_state)
+        self.is_conv_states_initialized = dict(other.is_conv_states_initialized)
+        self.is_recurrent_states_initialized = dict(other.is_recurrent_states_initialized)
+        self.device, self.dtype = other.device, other.dtype
+
+    @property
+    def nbytes(self) -> int:
+        held = [s for d in (self.conv_states, self.recurrent_states) for s in d.values() if s is not None]
+        return ManagedLayer.nbytes.fget(self) + sum(s.numel() * s.element_size() for s in held)
+
+
+class StatelessLayer(ManagedLayer):
+    """A layer that keeps nothing (an MLP- or MoE-only block, transformers' "dummy" cache layer): its slot pointer
+    moves with the others'."""
+
+    def adopt(self, other: ManagedLayer, dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> None:
+        if other.is_initialized:
+            ManagedLayer.adopt(self, other, dtype, rows)
+        self.length = other.length
+
+
+@dataclass
+class Snapshot:
+    """One recurrent layer's states at one moment (only states that existed)."""
+
+    conv: dict[int, torch.Tensor]
+    recurrent: dict[int, torch.Tensor]
+    had_state: dict[int, bool]
+
+    def select(self, rows: torch.Tensor) -> Snapshot:
+        """The states of batch ``rows`` only."""
+        pick = lambda states: {i: s[rows.to(s.device)] for i, s in states.items()}
+        return Snapshot(pick(self.conv), pick(self.recurrent), dict(self.had_state))
+
+
+@dataclass
+class Layout:
+    """Which decoder layers of a model hold recurrent state, how many states each, and the mixer module that
+    reads and writes them (found once per runner)."""
+
+    states: dict[int, int]  # layer index -> number of conv/recurrent states
+    mixers: dict[int, torch.nn.Module]
+    stateless: tuple[int, ...] = ()  # layers that keep nothing (MLP/MoE-only blocks)
+
+
+def cache_layer_types(config: Any) -> list[str]:
+    """The transformers cache layer type of each decoder layer of ``config`` ("full_attention", "linear_attention",
+    "conv", "hybrid", "dummy", ...); empty if transformers cannot tell."""
+    return _types_and_kwargs(config)[0]
+
+
+def _types_and_kwargs(config: Any) -> tuple[list[str], list[dict]]:
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if get_layer_types_and_kwargs is None:
+        return [], []
+    try:
+        return get_layer_types_and_kwargs(text)
+    except (AttributeError, TypeError, ValueError):
+        return [], []
+
+
+def recurrent_layer_types(config: Any) -> dict[int, int]:
+    """``{layer index: number of states}`` for the layers of ``config`` whose transformers cache layer keeps
+    recurrent or convolutional state (empty for attention-only models)."""
+    types, kwargs = _types_and_kwargs(config)
+    out = {}
+    for i, (kind, extra) in enumerate(zip(types, kwargs)):
+        cls = DYNAMIC_LAYER_TYPE_MAPPING.get(kind)
+        if isinstance(cls, type) and issubclass(cls, LinearAttentionCacheLayerMixin):
+            out[i] = int(extra.get("number_of_states", 1))
+    return out
+
+
+def _source(module: torch.nn.Module) -> str:
+    try:
+        return inspect.getsource(inspect.unwrap(type(module).forward))
+    except (OSError, TypeError):
+        return ""
+
+
+def _reads_state(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s forward reads a recurrent or conv state from the cache (a mixer, not an attention)."""
+    source = _source(module)
+    return "get_conv_state" in source or "get_recurrent_state" in source
+
+
+# Mamba-1 mixers (jamba, mamba, falcon_mamba) scan a multi-token input with transformers' ``mamba_selective_scan``,
+# which takes no initial state: a verify pass would restart the recurrence from zero instead of the cached state.
+_RESTARTS_STATE = "mamba_selective_scan("
+
+
+def layout(model: torch.nn.Module) -> Layout | None:
+    """The recurrent layout of ``model`` (None for attention-only models), with a pre-hook on each mixer that
+    records its input for the session whose cache it is handed. Raises ``ValueError`` if some recurrent layer's
+    mixer cannot be found (the caller refuses the model)."""
+    states = recurrent_layer_types(model.config)
+    if not states:
+        return None
+    mixers: dict[int, torch.nn.Module] = {}
+    for module in model.modules():
+        idx = getattr(module, "layer_idx", None)
+        if isinstance(idx, int) and idx in states and _reads_state(module):
+            if idx in mixers:
+                raise ValueError(f"layer {idx} has two modules that read its recurrent state")
+            mixers[idx] = module
+    missing = sorted(set(states) - set(mixers))
+    if missing:
+        raise ValueError(f"no module reading the recurrent state of layers {missing} was found")
+    restarts = sorted({type(m).__name__ for m in mixers.values() if _RESTARTS_STATE in _source(m)})
+    if restarts:
+        raise ValueError(f"its mixer {restarts[0]} scans several tokens from a zero state (transformers' "
+                         "mamba_selective_scan takes no initial state), so a verify pass cannot continue a sequence")
+    if not getattr(model, _HOOKED, False):
+        for module in mixers.values():
+            module.register_forward_pre_hook(_record_input, with_kwargs=True)
+            module.register_forward_hook(_skip_filler, with_kwargs=True)
+        setattr(model, _HOOKED, True)
+    stateless = tuple(i for i, kind in enumerate(cache_layer_types(model.config)) if kind == "dummy")
+    return Layout(states, mixers, stateless)
+
+
+def _history(kwargs: dict) -> tuple[str, RecurrentHistory | None]:
+    """The keyword a mixer got its cache by, and that cache's history (None: not a specdec session's cache)."""
+    for name in ("cache", "cache_params", "past_key_values"):
+        history = getattr(kwargs.get(name), "recurrent_history", None)
+        if history is not None:
+            return name, history
+    return "", None
+
+
+def _record_input(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook of a mixer: hand its input to the history of the managed cache it runs on, if any."""
+    name, history = _history(kwargs)
+    if history is not None:
+        history.record(module.layer_idx, name, args, kwargs)
+
+
+def _skip_filler(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    """Forward hook of a mixer: in a block with filler before some rows' real tokens, redo those rows over their real
+    tokens alone (state and output), so the filler never enters a recurrence (None: the output stands)."""
+    _, history = _history(kwargs)
+    return None if history is None else history.skip_filler(module.layer_idx, output)
+
+
+def refusal(model: torch.nn.Module, feature: str) -> str:
+    """The one-line reason ``feature`` is refused for a hybrid ``model``."""
+    kind = getattr(model.config, "model_type", type(model).__name__)
+    if feature == "tree":
+        return (f"{kind} has recurrent layers, which read a tree's nodes in sequence and would mix its branches; "
+                "tree drafts are refused for it (use chains)")
+    return (f"{kind} has recurrent layers, whose state a static compiled pass (compile_verifier) cannot roll back; "
+            "it is refused for this model")
+
+
+@dataclass
+class _Pass:
+    """One forward since the last commit: its width, the recurrent states before it and each mixer's input."""
+
+    width: int
+    before: dict[int, Snapshot]
+    inputs: dict[int, tuple[str, tuple, dict]] = field(default_factory=dict)
+    all_real: bool = True
+    filler: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # real positions -> rows with filler
+
+
+class RecurrentHistory:
+    """A session's recurrent layers: the forwards since the last commit, and rollback by restore + replay."""
+
+    def __init__(self, cache: Any, plan: Layout) -> None:
+        self.plan = plan
+        for i, n in plan.states.items():  # the recurrent layers replace the plain managed ones
+            cache.layers[i] = RecurrentLayer(cache.max_cache_len, number_of_states=n)
+        for i in plan.stateless:
+            cache.layers[i] = StatelessLayer(cache.max_cache_len)
+        self.layers: dict[int, RecurrentLayer] = {i: cache.layers[i] for i in plan.states}
+        # layers no attention writes to: their slot pointers are moved here, in step with the others
+        self._pointers = [cache.layers[i] for i in (*plan.states, *plan.stateless)]
+        self._end = 0
+        self.passes: list[_Pass] = []
+        self._open: _Pass | None = None
+        cache.recurrent_history = self
+
+    def record(self, layer_idx: int, cache_name: str, args: tuple, kwargs: dict) -> None:
+        """Keep a mixer's input of the open forward: its hidden states (positional or not) and plain options; the
+        cache and tensor options (masks: a replay runs real tokens only) are not kept."""
+        if self._open is not None and layer_idx in self.layers:
+            if "hidden_states" in kwargs:
+                args = (kwargs["hidden_states"], *args)
+            if args and all(not isinstance(a, torch.Tensor) for a in args[1:]):
+                kept = {k: v for k, v in kwargs.items() if k not in (cache_name, "hidden_states", "attention_mask")
+                        and not isinstance(v, torch.Tensor)}
+                self._open.inputs[layer_idx] = (cache_name, args, kept)
+
+    def before_forward(self, width: int, valid: torch.Tensor | None = None) -> None:
+        """Checkpoint every recurrent layer and start recording a forward of ``width`` tokens. ``valid [batch,
+        width]``: which tokens are real; once a row has state, its filler (a drafter's left-aligned catch-up) is
+        kept out of every recurrence (:meth:`skip_filler`); the prefill's left padding is part of the sequence, as
+        in ``generate``."""
+        self._open = _Pass(width, {i: layer.states() for i, layer in self.layers.items()}, all_real=valid is None)
+        self._end = self._pointers[0].length + width if self._pointers else 0
+        if valid is not None and any(f for snap in self._open.before.values() for f in snap.had_state.values()):
+            for b, row in enumerate(valid.tolist()):  # one read, in ragged catch-ups only
+                if not all(row):
+                    self._open.filler.setdefault(tuple(i for i, v in enumerate(row) if v), []).append(b)
+
+    def after_forward(self) -> None:
+        """Close the forward: it joins the history."""
+        done, self._open = self._open, None
+        if done is None:
+            return
+        for layer in self._pointers:
+            layer.length = self._end
+        self.passes.append(done)
+
+    def skip_filler(self, i: int, output: Any) -> Any:
+        """Layer ``i``'s mixer ran over a block with filler: rerun its rows with filler over their real tokens
+        from the checkpoint, and put their states and outputs in place (None when there is nothing to redo)."""
+        if self._open is None or not self._open.filler or i not in self.layers:
+            return None
+        if i not in self._open.inputs:
+            raise RuntimeError(f"layer {i}'s mixer input was not recorded: its call signature is not one specdec reads")
+        name, args, kwargs = self._open.inputs[i]
+        out = output[0] if isinstance(output, tuple) else output
+        for positions, rows in self._open.filler.items():
+            index, start = self._rows(i, rows)
+            if positions:
+                conv, recurrent, redone = self._replay(i, start, name, args, kwargs, index, list(positions))
+                at = torch.tensor(positions, dtype=torch.long, device=out.device)
+                out[index.to(out.device).unsqueeze(1), at.unsqueeze(0)] = redone.to(out.dtype)
+            else:
+                conv, recurrent = start.conv, start.recurrent
+            self.layers[i].write_rows(index, conv, recurrent)
+        return output
+
+    def keep_recent(self, n: int, kept: list[int]) -> None:
+        """Of the ``n`` newest tokens of each row (whole forwards, all real), row ``b`` keeps the first ``kept[b]``:
+        restore and replay what it needs; the history restarts."""
+        passes, self.passes = self.passes, []
+        if n == 0 or min(kept) == n:
+            return
+        covered, first = 0, len(passes)
+        while covered < n and first > 0:
+            first -= 1
+            covered += passes[first].width
+        if covered != n or not all(p.all_real for p in passes[first:]):
+            raise RuntimeError(f"cannot roll recurrent state back over the {n} newest tokens: they are not whole "
+                               "forwards of real tokens since the last commit")
+        groups: dict[tuple[int, int], list[int]] = {}
+        for b, k in enumerate(kept):
+            if k == n:
+                continue
+            offset, j = 0, first
+            while offset + passes[j].width <= k:
+                offset += passes[j].width
+                j += 1
+            groups.setdefault((j, k - offset), []).append(b)
+        for (j, r), rows in groups.items():
+            self._restore(passes[j], rows, list(range(r)))
+
+    def keep(self, dropped: list[int]) -> None:
+        """Row ``b`` drops its ``dropped[b]`` newest tokens (all in forwards since the last commit)."""
+        width = sum(p.width for p in self.passes)
+        self.keep_recent(width, [width - d for d in dropped]) if any(dropped) else self.passes.clear()
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Only these batch rows stay (the layers select their own rows)."""
+        for p in self.passes:
+            p.before = {i: snap.select(rows) for i, snap in p.before.items()}
+            p.inputs = {i: (name, _rows_of(args, rows), kw) for i, (name, args, kw) in p.inputs.items()}
+
+    def clear(self) -> None:
+        self.passes, self._open = [], None
+
+    def _rows(self, i: int, rows: list[int], done: _Pass | None = None) -> tuple[torch.Tensor, Snapshot]:
+        """``rows`` as an index on layer ``i``'s device, and their states before ``done`` (default: the open pass)."""
+        layer = self.layers[i]
+        held = [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
+        index = torch.tensor(rows, dtype=torch.long, device=held[0].device if held else "cpu")
+        return index, (done or self._open).before[i].select(index)
+
+    @torch.inference_mode()
+    def _restore(self, done: _Pass, rows: list[int], positions: list[int]) -> None:
+        """Set ``rows``' states to those before ``done`` advanced by only its tokens at ``positions``."""
+        for i, layer in self.layers.items():
+            index, start = self._rows(i, rows, done)
+            if positions:
+                if i not in done.inputs:
+                    raise RuntimeError(f"layer {i}'s mixer input was not recorded: its call signature is not one "
+                                       "specdec reads")
+                name, args, kwargs = done.inputs[i]
+                conv, recurrent, _ = self._replay(i, start, name, args, kwargs, index, positions, stepwise=True)
+            else:
+                conv, recurrent = start.conv, start.recurrent
+            layer.write_rows(index, conv, recurrent)
+
+    def _replay(self, i: int, start: Snapshot, name: str, args: tuple, kwargs: dict, index: torch.Tensor,
+                positions: list[int], stepwise: bool = False
+                ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor], torch.Tensor]:
+        """Run layer ``i``'s mixer over its recorded input at ``positions`` for rows ``index``, from ``start``, on a
+        proxy cache; return the states it leaves and its output. ``stepwise``: one token at a time (the mixer's
+        decode path), when a state exists and there are at most :data:`STEPWISE_REPLAY` tokens."""
+        layer = self.layers[i]
+        proxy = LinearAttentionLayer(number_of_states=layer.number_of_states)
+        for s in range(layer.number_of_states):
+            proxy.conv_kernel_size[s] = layer.conv_kernel_size[s]
+            proxy.has_previous_state[s] = start.had_state.get(s, False)
+            if s in start.conv:
+                proxy.conv_states[s], proxy.is_conv_states_initialized[s] = start.conv[s].clone(), True
+            if s in start.recurrent:
+                proxy.recurrent_states[s], proxy.is_recurrent_states_initialized[s] = start.recurrent[s].clone(), True
+        cache = Cache(layers=[DummyLayer() for _ in range(i)] + [proxy])
+        at = torch.tensor(positions, dtype=torch.long, device=index.device)
+        hidden = args[0].index_select(0, index.to(args[0].device)).index_select(1, at.to(args[0].device))
+
+        def run(h: torch.Tensor) -> torch.Tensor:  # real tokens only: no padding mask
+            out = self.plan.mixers[i](h, *args[1:], **{name: cache}, attention_mask=None, **kwargs)
+            return out[0] if isinstance(out, tuple) else out
+
+        steps = stepwise and 1 < len(positions) <= STEPWISE_REPLAY and bool(start.had_state) \
+            and all(start.had_state.values())
+        with _Unhooked(self):  # the replay is no forward of the session: nothing recorded, nothing redone
+            out = torch.cat([run(hidden[:, t : t + 1]) for t in range(len(positions))], dim=1) if steps else run(hidden)
+        conv = {s: t for s, t in proxy.conv_states.items() if t is not None}
+        recurrent = {s: t for s, t in proxy.recurrent_states.items() if t is not None}
+        return conv, recurrent, out
+
+
+class _Unhooked:
+    """Within: the history records nothing and redoes nothing (the hooks see the proxy cache anyway; this guards
+    a mixer that would reach the session's cache some other way)."""
+
+    def __init__(self, history: RecurrentHistory) -> None:
+        self.history = history
+
+    def __enter__(self) -> None:
+        self.saved, self.history._open = self.history._open, None
+
+    def __exit__(self, *exc: object) -> None:
+        self.history._open = self.saved
+
+
+def _rows_of(args: tuple, rows: torch.Tensor) -> tuple:
+    """Recorded mixer arguments of the rows kept: the hidden states are ``args[0]``, the rest plain values."""
+    return (args[0][rows.to(args[0].device)], *args[1:])

@@ -1,0 +1,296 @@
+"""Hybrid models (recurrent / convolutional layers beside attention): chains exact against ``generate``, and the
+rollback of recurrent state (the verifier's and a model drafter's) equal to a fresh run over the kept tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+from law import ALPHA, chi2, exact_joint, tally
+from tiny_hybrids import CONFIGS, make_hybrid
+from tiny_models import COMMON, VOCAB, left_padded, perturbed_copy
+
+import specdec
+from specdec.runners import CausalLMRunner
+from specdec.runners.hf import UnsupportedModelError
+from specdec.runners.recurrent import RecurrentHistory, RecurrentLayer
+
+# jamba's Mamba-1 mixer is refused (test_mamba1_mixers_are_refused); pure mamba2 has no attention at all
+ARCHS = [a for a in CONFIGS if a != "jamba"] + ["mamba2"]
+MAMBA2 = lambda: tf.Mamba2Config(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, n_groups=1,
+                                 state_size=16, expand=2, chunk_size=8, **COMMON)
+
+
+def _model(arch: str, seed: int = 0) -> torch.nn.Module:
+    return make_hybrid(arch, seed, config=MAMBA2() if arch == "mamba2" else None)
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def hybrid(request):
+    model = _model(request.param)
+    return request.param, model, perturbed_copy(model, 0.05)
+
+
+def _prompt(length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+# ---- end to end: greedy chains equal generate -------------------------------------------------------------------
+
+
+# the fast twin of each family: a model drafter at k=3 and prompt lookup at k=1; the rest of the grid is slow
+GRID = [pytest.param(k, d, marks=() if (k, d) in {(3, "model"), (1, "prompt-lookup")} else pytest.mark.slow)
+        for k in (1, 3) for d in ("prompt-lookup", "model")]
+
+
+@pytest.mark.parametrize("k,drafter", GRID)
+def test_greedy_chain_matches_generate(hybrid, k, drafter):
+    arch, model, draft = hybrid
+    spec = specdec.SpeculativeModel(model, draft if drafter == "model" else drafter, num_draft_tokens=k)
+    ids = _prompt(7, seed=k)
+    kwargs = dict(max_new_tokens=14, do_sample=False, eos_token_id=None)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs)), f"{arch} batch 1"
+    # a left-padded batch of 3 whose rows finish at different steps (row 0 meets its EOS early)
+    ids, mask = left_padded([5, 9, 3], seed=k)
+    free = model.generate(ids[:1, -5:], max_new_tokens=6, do_sample=False, eos_token_id=None)
+    eos = int(free[0, -2])
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    got = spec.generate(ids, **kwargs)
+    assert torch.equal(got, model.generate(ids, **kwargs)), f"{arch} ragged"
+    if (k, drafter) == (3, "model"):  # some drafts were rejected: the ragged rollback ran (k=1 may accept all)
+        assert spec.last_stats.proposed > spec.last_stats.accepted > 0
+
+
+def test_self_bf16_drafter_adopts_the_prompt_state():
+    model = _model("qwen3_next")
+    spec = specdec.SpeculativeModel(model, "self:bf16", num_draft_tokens=3)
+    ids, mask = left_padded([5, 8, 3], seed=2)
+    kwargs = dict(attention_mask=mask, max_new_tokens=15, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
+    assert spec.last_stats.drafter_stats["adopted_prompt"]
+    assert spec.last_stats.accepted > 0
+
+
+# ---- the rollback itself ------------------------------------------------------------------------------------------
+
+
+def _states(session) -> dict[tuple[int, str, int], torch.Tensor]:
+    """Every recurrent layer's conv and recurrent states, keyed by (layer, kind, state index)."""
+    out = {}
+    for i, layer in session.recurrent.layers.items():
+        for kind in ("conv_states", "recurrent_states"):
+            for s, value in getattr(layer, kind).items():
+                if value is not None:
+                    out[(i, kind, s)] = value.clone()
+    return out
+
+
+def _assert_row(got: dict, ref: dict, row: int, ref_row: int | None = None, exact: bool = False) -> None:
+    assert got.keys() == ref.keys() and got
+    for key in got:
+        a, b = got[key][row], ref[key][row if ref_row is None else ref_row]
+        if exact:
+            assert torch.equal(a, b), key
+        else:
+            # a later layer's input comes from a wider pass than the fresh run's: float rounding only
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=lambda m, key=key: f"{key}: {m}")
+
+
+LENGTHS, SLOTS = [5, 8, 3, 6], 40
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_verify_pass_rollback_equals_a_fresh_run(arch):
+    """One 4-token pass, rows keeping 0..4 of it: each row's state and next logits are those of a fresh run over
+    the kept tokens (restore + replay of the mixer, no second model pass)."""
+    runner = CausalLMRunner(_model(arch))
+    ids, mask = left_padded(LENGTHS, seed=1)
+    gen = torch.Generator().manual_seed(2)
+    block = torch.randint(3, VOCAB, (4, 4), generator=gen)
+    nxt = torch.randint(3, VOCAB, (4, 1), generator=gen)
+    kept = [0, 1, 3, 4]
+    session, _ = runner.prefill(ids, mask, SLOTS)
+    session.forward(block)
+    session.keep_recent(4, kept)
+    got = _states(session)
+    logits = session.forward(nxt).logits[:, -1]
+    for b, k in enumerate(kept):
+        ref, _ = runner.prefill(ids, mask, SLOTS)
+        if k:
+            ref.forward(block[:, :k])
+        _assert_row(got, _states(ref), b)
+        # attention over the row's holes vs none: float rounding only (logits here are tens in size)
+        torch.testing.assert_close(logits[b], ref.forward(nxt).logits[b, -1], rtol=1e-4, atol=1e-4)
+    assert not session.recurrent.passes[:-1]  # the history restarted at the commit
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "nemotron_h", "falcon_h1", "lfm2"])
+def test_drafter_steps_roll_back_to_their_checkpoints_exactly(arch):
+    """A model drafter's one-token forwards land on checkpoints: rollback restores, bit for bit."""
+    runner = CausalLMRunner(_model(arch))
+    ids, mask = left_padded(LENGTHS, seed=3)
+    steps = torch.randint(3, VOCAB, (4, 3), generator=torch.Generator().manual_seed(4))
+    ref, _ = runner.prefill(ids, mask, SLOTS)
+    after = [_states(ref)]
+    for j in range(3):
+        ref.forward(steps[:, j : j + 1])
+        after.append(_states(ref))
+    session, _ = runner.prefill(ids, mask, SLOTS)
+    for j in range(3):
+        session.forward(steps[:, j : j + 1])
+    kept = [2, 0, 3, 1]
+    session.keep_recent(3, kept)
+    got = _states(session)
+    for b, k in enumerate(kept):
+        _assert_row(got, after[k], b, exact=True)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "nemotron_h"])
+def test_catch_up_filler_leaves_the_state_of_the_real_tokens(arch):
+    """A drafter's catch-up block is left-aligned with filler: the filler must not advance a row's state."""
+    runner = CausalLMRunner(_model(arch))
+    ids, mask = left_padded(LENGTHS, seed=5)
+    block = torch.randint(3, VOCAB, (4, 3), generator=torch.Generator().manual_seed(6))
+    real = [1, 3, 2, 1]
+    valid = torch.arange(3).unsqueeze(0) >= (3 - torch.tensor(real)).unsqueeze(1)
+    session, _ = runner.prefill(ids, mask, SLOTS)
+    last = session.forward(block, valid).logits[:, -1]
+    got = _states(session)
+    for b, r in enumerate(real):
+        ref, _ = runner.prefill(ids, mask, SLOTS)
+        expected = ref.forward(block[:, 3 - r :]).logits[b, -1]
+        _assert_row(got, _states(ref), b)
+        torch.testing.assert_close(last[b], expected, rtol=1e-4, atol=1e-4)  # the drafter's next draft too
+
+
+def test_retired_rows_leave_the_history_too():
+    runner = CausalLMRunner(_model("qwen3_next"))
+    ids, mask = left_padded(LENGTHS, seed=7)
+    steps = torch.randint(3, VOCAB, (4, 3), generator=torch.Generator().manual_seed(8))
+    ref, _ = runner.prefill(ids, mask, SLOTS)
+    after = [_states(ref)]
+    for j in range(3):
+        ref.forward(steps[:, j : j + 1])
+        after.append(_states(ref))
+    session, _ = runner.prefill(ids, mask, SLOTS)
+    for j in range(3):
+        session.forward(steps[:, j : j + 1])
+    session.keep_rows([3, 1])
+    session.keep_recent(3, [2, 0])
+    got = _states(session)
+    _assert_row(got, after[2], 0, ref_row=3, exact=True)
+    _assert_row(got, after[0], 1, ref_row=1, exact=True)
+
+
+def test_a_derived_drafter_adopts_the_verifier_states():
+    model = _model("qwen3_next")
+    verifier, drafter = CausalLMRunner(model), CausalLMRunner(perturbed_copy(model, 0.05), role="drafter")
+    ids, mask = left_padded(LENGTHS, seed=9)
+    session, _ = verifier.prefill(ids, mask, SLOTS)
+    adopted = drafter.adopt(session, SLOTS)
+    assert isinstance(adopted.cache.layers[0], RecurrentLayer)
+    mine, theirs = _states(adopted), _states(session)
+    for b in range(len(LENGTHS)):
+        _assert_row(mine, theirs, b, exact=True)
+    adopted.forward(torch.ones(4, 2, dtype=torch.long))  # a drafter's own steps write its own copy
+    assert not torch.equal(_states(adopted)[(0, "recurrent_states", 0)], theirs[(0, "recurrent_states", 0)])
+    assert torch.equal(_states(session)[(0, "recurrent_states", 0)], theirs[(0, "recurrent_states", 0)])
+
+
+# ---- sampling: the law holds, and a broken rollback is caught -----------------------------------------------------
+
+
+def _tiny_vocab_hybrid(seed: int) -> torch.nn.Module:
+    config = tf.Qwen3NextConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_conv_kernel_dim=4,
+                                linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                                linear_num_value_heads=4, num_experts=0, initializer_range=0.4,
+                                layer_types=["linear_attention", "full_attention"], bos_token_id=None,
+                                eos_token_id=None, pad_token_id=0)
+    return make_hybrid("qwen3_next", seed, config=config)
+
+
+PROMPT, SAMPLING = torch.tensor([[3, 1, 4]]), dict(temperature=1.0, top_k=0, top_p=1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_law():
+    """A tiny-vocabulary hybrid, a perturbed drafter of it, and its exact law over 3 new tokens (computed once)."""
+    verifier = _tiny_vocab_hybrid(0)
+    return verifier, perturbed_copy(verifier, 0.5), exact_joint(verifier, PROMPT, 3, **SAMPLING)
+
+
+def _sampled_pvalue(tiny_law) -> float:
+    verifier, draft, exact = tiny_law
+    spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=2)
+    out = spec.generate(PROMPT.expand(2000, -1), max_new_tokens=3, do_sample=True,
+                        generator=torch.Generator().manual_seed(42), **SAMPLING)
+    assert spec.last_stats.proposed > spec.last_stats.accepted > 0  # rows rejected drafts: rollbacks ran
+    return chi2(tally(out[:, 3:].tolist()), exact, out.shape[0])
+
+
+def test_sampling_follows_the_verifier(tiny_law):
+    assert _sampled_pvalue(tiny_law) > ALPHA
+
+
+def test_sampling_check_catches_a_stale_recurrent_state(tiny_law, monkeypatch):
+    """Negative control: with the recurrent rollback disabled (states keep the rejected drafts), the same check fails."""
+    monkeypatch.setattr(RecurrentHistory, "keep_recent", lambda self, n, kept: self.passes.clear())
+    assert _sampled_pvalue(tiny_law) < ALPHA
+
+
+# ---- refusals -----------------------------------------------------------------------------------------------------
+
+
+def test_trees_are_refused_in_one_line():
+    model = _model("qwen3_next")
+    with pytest.raises(UnsupportedModelError, match="recurrent layers.*mix its branches") as err:
+        specdec.SpeculativeModel(model, "prompt-lookup", tree="static")
+    assert "\n" not in str(err.value)
+
+
+def test_compiled_verifier_is_refused_in_one_line():
+    with pytest.raises(UnsupportedModelError, match="recurrent layers.*compile_verifier") as err:
+        specdec.SpeculativeModel(_model("lfm2"), "prompt-lookup", compile_verifier=True)
+    assert "\n" not in str(err.value)
+
+
+def test_a_compiled_hybrid_drafter_runs_eagerly_with_a_warning():
+    runner = CausalLMRunner(_model("lfm2"), role="drafter")
+    with pytest.warns(UserWarning, match="recurrent layers"):
+        runner.compile()
+    assert runner._compiled is None
+
+
+@pytest.mark.parametrize("arch", ["jamba", "mamba"])
+def test_mamba1_mixers_are_refused(arch):
+    """transformers' Mamba-1 scan restarts every multi-token forward from a zero state: no verify pass can continue."""
+    config = CONFIGS["jamba"]() if arch == "jamba" else tf.MambaConfig(hidden_size=64, num_hidden_layers=2,
+                                                                       state_size=8, **COMMON)
+    with pytest.raises(UnsupportedModelError, match="zero state"):
+        specdec.SpeculativeModel(make_hybrid(arch, config=config), "prompt-lookup")
+
+
+# ---- memory: the planner counts the state ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_state_size_matches_what_the_layers_hold(arch):
+    from specdec.sizing.state import state_bytes_per_row
+
+    model = _model(arch)
+    session, _ = CausalLMRunner(model).prefill(torch.ones(3, 4, dtype=torch.long), None, 16)
+    held = sum(s.numel() * s.element_size() for layer in session.recurrent.layers.values()
+               for states in (layer.conv_states, layer.recurrent_states) for s in states.values() if s is not None)
+    assert held == 3 * state_bytes_per_row(model.config, "float32", checkpoints=0, tokens=0) > 0
+
+
+def test_plan_counts_the_state_and_its_checkpoints():
+    from specdec.sizing import plan
+    from specdec.sizing.state import state_bytes_per_row
+
+    config = CONFIGS["qwen3_next"]()
+    got = plan(config, context=64, batch=2, draft_len=3, dtype="float32")
+    kv_only = got.cache_len * got.kv_bytes_per_token * 2
+    assert got.verifier_cache_bytes - kv_only == 2 * state_bytes_per_row(config, "float32", checkpoints=1, tokens=4)
+    assert state_bytes_per_row(tf.Qwen3Config(**COMMON), "float32") == 0  # attention-only: nothing added
