@@ -45,6 +45,8 @@ USER_FACING = [
     ("specdec.models", "MissingDependencyError", FileNotFoundError),
     ("specdec.models", "TorchTooOldError", ImportError),
     ("specdec.runners.hf", "UnsupportedModelError", TypeError),
+    ("specdec.drafters.mtp", "MtpUnavailableError", TypeError),  # an UnsupportedModelError: draft="mtp" on a model without MTP
+    ("specdec.drafters.suffix_cache", "SuffixCacheError", ValueError),
 ]
 #: errors that mean specdec itself is wrong (a broken invariant): a traceback, not a one-line message
 INTERNAL = [
