@@ -332,3 +332,18 @@ def test_eval_measures_suffix_cold_and_warm_without_leaks(tmp_path):
     assert all(r["identical"] for r in records.values() if r["kind"] != "hf")
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert {m["name"]: m["cache"] for m in summary["methods"]} == {n: MethodSpec.parse(n).cache for n in names}
+
+
+def test_every_method_with_a_cross_call_cache_owns_its_drafter():
+    """Two warm methods (adaptive and not, two k) never share a cache: the second to run a prompt would find that
+    prompt's own output in it."""
+    from specdec.drafters.suffix import cross_call_cache
+    from specdec.eval.measure import _cache_drafter
+    from specdec.eval.methods import MethodSpec
+
+    model, drafts = make_model("llama"), {}
+    names = ["specdec[suffix,k=4,warm]", "specdec[suffix,k=4,adaptive,warm]", "specdec[suffix,k=2,warm]",
+             "specdec[suffix,k=4,cold]"]
+    caches = [cross_call_cache(_cache_drafter(drafts, MethodSpec.parse(n), model, None)) for n in names]
+    assert len({id(c) for c in caches}) == len(names)
+    assert [c.learning for c in caches] == [True, True, True, False]

@@ -313,11 +313,12 @@ def build_runners(
 
 
 def _cache_drafter(drafts: dict[Any, ResolvedDraft], m: MethodSpec, model: Any, tokenizer: Any) -> Any:
-    """The drafter of a method with a cross-call cache: one per (drafter, cache state), so cold and warm methods never
-    share a cache; a cold one's never learns (it stays empty), a warm one's learns from each call."""
+    """The drafter of a method with a cross-call cache: one per method, so no two methods share a cache (a warm
+    method run after another on the same prompt would find that prompt's output in a shared one); a cold one's never
+    learns (it stays empty), a warm one's learns from each call."""
     from specdec.drafters.suffix import cross_call_cache
 
-    key = (m.draft, m.cache)
+    key = ("cross-call cache", m.name)
     if key not in drafts:
         drafts[key] = resolve_draft(m.draft, model, tokenizer)
         cache = cross_call_cache(drafts[key].draft)
