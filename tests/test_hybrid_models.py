@@ -124,12 +124,12 @@ def test_verify_pass_rollback_equals_a_fresh_run(arch):
     assert not session.recurrent.passes[:-1]  # the history restarted at the commit
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "nemotron_h", "falcon_h1", "lfm2"])
-def test_drafter_steps_roll_back_to_their_checkpoints_exactly(arch):
-    """A model drafter's one-token forwards land on checkpoints: rollback restores, bit for bit."""
-    runner = CausalLMRunner(_model(arch))
-    ids, mask = left_padded(LENGTHS, seed=3)
-    steps = torch.randint(3, VOCAB, (4, 3), generator=torch.Generator().manual_seed(4))
+def _three_drafter_steps(model, seed: int):
+    """Three one-token forwards after a ragged prefill, as a model drafter takes them: the states after 0..3 steps
+    of a reference session, and a second session that took the same steps (to be rolled back)."""
+    runner = CausalLMRunner(model)
+    ids, mask = left_padded(LENGTHS, seed=seed)
+    steps = torch.randint(3, VOCAB, (4, 3), generator=torch.Generator().manual_seed(seed + 1))
     ref, _ = runner.prefill(ids, mask, SLOTS)
     after = [_states(ref)]
     for j in range(3):
@@ -138,6 +138,13 @@ def test_drafter_steps_roll_back_to_their_checkpoints_exactly(arch):
     session, _ = runner.prefill(ids, mask, SLOTS)
     for j in range(3):
         session.forward(steps[:, j : j + 1])
+    return after, session
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "nemotron_h", "falcon_h1", "lfm2"])
+def test_drafter_steps_roll_back_to_their_checkpoints_exactly(arch):
+    """A model drafter's one-token forwards land on checkpoints: rollback restores, bit for bit."""
+    after, session = _three_drafter_steps(_model(arch), seed=3)
     kept = [2, 0, 3, 1]
     session.keep_recent(3, kept)
     got = _states(session)
@@ -164,17 +171,7 @@ def test_catch_up_filler_leaves_the_state_of_the_real_tokens(arch):
 
 
 def test_retired_rows_leave_the_history_too():
-    runner = CausalLMRunner(_model("qwen3_next"))
-    ids, mask = left_padded(LENGTHS, seed=7)
-    steps = torch.randint(3, VOCAB, (4, 3), generator=torch.Generator().manual_seed(8))
-    ref, _ = runner.prefill(ids, mask, SLOTS)
-    after = [_states(ref)]
-    for j in range(3):
-        ref.forward(steps[:, j : j + 1])
-        after.append(_states(ref))
-    session, _ = runner.prefill(ids, mask, SLOTS)
-    for j in range(3):
-        session.forward(steps[:, j : j + 1])
+    after, session = _three_drafter_steps(_model("qwen3_next"), seed=7)
     session.keep_rows([3, 1])
     session.keep_recent(3, [2, 0])
     got = _states(session)

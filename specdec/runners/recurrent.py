@@ -24,6 +24,7 @@ refused for these models (:func:`refusal`).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,8 +196,15 @@ def recurrent_layer_types(config: Any) -> dict[int, int]:
 
 
 def _source(module: torch.nn.Module) -> str:
+    return _forward_source(type(module))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_source(cls: type) -> str:
+    """The source of ``cls.forward``, read once per class (``layout`` walks every module of a model, and
+    ``check_supported`` and the runner each ask)."""
     try:
-        return inspect.getsource(inspect.unwrap(type(module).forward))
+        return inspect.getsource(inspect.unwrap(cls.forward))
     except (OSError, TypeError):
         return ""
 
