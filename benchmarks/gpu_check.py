@@ -82,7 +82,7 @@ if str(REPO) not in sys.path:  # the GPU machine has no pip: specdec is imported
     sys.path.insert(0, str(REPO))
 
 STAGES = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench", "simulated",
-          "syncs_per_pass")
+          "syncs_per_pass", "captured")
 #: the stages run per model shape, in this order (the curve first: stages 3, 4 and 7 compare against it)
 MODEL_STAGES = ("verify_cost", "engine_overhead", "drafter_costs", "simulated", "syncs_per_pass")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -100,35 +100,36 @@ SHAPES: dict[str, dict[str, Any]] = {
     "1b": dict(config=dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                            num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),
                caps=dict(build=40, verify_cost=15, engine_overhead=75, drafter_costs=45, simulated=50,
-                         syncs_per_pass=15),
+                         syncs_per_pass=15, captured=80),
                floors=dict(engine_overhead=25, drafter_costs=15, simulated=25, syncs_per_pass=8), reserve=150),
     "8b": dict(config=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                            num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),
                caps=dict(build=60, verify_cost=15, engine_overhead=80, drafter_costs=45, simulated=65,
-                         syncs_per_pass=15),
+                         syncs_per_pass=15, captured=100),
                floors=dict(engine_overhead=30, drafter_costs=15, simulated=35, syncs_per_pass=8), reserve=200,
                drafter="1b"),
     # the embedded model's shape (SmolLM2-135M), for CPU runs of stage 3 (the oracle ceiling on this machine)
     "135m": dict(config=dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                              num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
                  caps=dict(build=60, verify_cost=120, engine_overhead=900, drafter_costs=300, simulated=300,
-                           syncs_per_pass=60)),
+                           syncs_per_pass=60, captured=600)),
     # initializer_range 0.3 spreads the toy's logits (no near-ties), as tests/tiny_models.py does
     "tiny": dict(config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=2, vocab_size=256, initializer_range=0.3, tie_word_embeddings=False),
                  caps=dict(build=30, verify_cost=30, engine_overhead=90, drafter_costs=60, simulated=60,
-                           syncs_per_pass=30),
+                           syncs_per_pass=30, captured=90),
                  drafter="tiny"),
 }
 STAGE_CAPS = {"environment": 30, "cuda_tests": 90, "cuda_tests_all": 200, "spec_bench": 180}
 #: the CUDA test subset that fits 90 s (``-k``): chains on the tiny Llama for every drafter kind, fp32 and bf16,
-#: batch 1 and 3; the compiled verifier; sync counts where the file has them. ``--cuda-tests all`` runs the file.
-CUDA_TEST_SUBSET = "(chain and llama) or compiled_verifier_greedy or sync"
+#: batch 1 and 3; the compiled verifier; the captured phases (raw CUDA graphs); sync counts where the file has them. ``--cuda-tests all`` runs the file.
+CUDA_TEST_SUBSET = "(chain and llama) or compiled_verifier_greedy or sync or captured"
 #: stage 6's cap when the run has no model stages (its own call, docs/gpu.md): the compiled eval needs minutes
 SPEC_BENCH_ALONE_CAP = 480
 QUICK_CAP_SLACK = 4  # --quick multiplies every time box by this
 SPEC_BENCH_RESERVE = 100  # seconds stages 2-5 leave for stage 6 (until it has run) when it can run
-COMPILED_EVAL_MIN_SECONDS = 60  # stage 6 starts its compiled eval only with this much of its time box left
+COMPILED_EVAL_MIN_SECONDS = 60
+CAPTURED_LEAVES = 0  # seconds the captured stage leaves for the stages after it (v3: it comes first and decides)  # stage 6 starts its compiled eval only with this much of its time box left
 
 
 class StageTimeout(BaseException):
@@ -827,8 +828,9 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _simulated_row(row: dict[str, Any], model: Any, inner: Any, inner_name: str, profile: Any, with_compile: bool,
-                   ids: Any, mask: Any, reference: Any, args: argparse.Namespace, state: dict[str, Any]) -> None:
+def _simulated_row(row: dict[str, Any], model: Any, inner: Any, inner_name: str, profile: Any,
+                   with_compile: bool | dict[str, Any], ids: Any, mask: Any, reference: Any, args: argparse.Namespace,
+                   state: dict[str, Any]) -> Any:
     """One SIMULATED row: warm-up (the full call where something is compiled: the same seed replays the same draws,
     so the timed call meets no new shape), one timed call (again if dynamo compiled a graph inside it), reruns
     drafting from specdec's own output after a bf16 near-tie, ``--sim-repeats`` timed calls."""
@@ -840,13 +842,14 @@ def _simulated_row(row: dict[str, Any], model: Any, inner: Any, inner_name: str,
     k = args.drafter_k
     gen = _gen_kwargs(args.new_tokens)
     sim = SimulatedDrafter(inner, profile, seed=0, name=inner_name)
-    row["method"] = sim.label + (" +compile_verifier" if with_compile else "")
+    row["method"] = sim.label + (" +graphs" if isinstance(with_compile, dict) else " +compile_verifier" if with_compile else "")
     sim.set_reference(ids, mask, reference.unsqueeze(0))
-    spec = SpeculativeModel(model, sim, num_draft_tokens=k, **({"compile_verifier": True} if with_compile else {}))
+    options = with_compile if isinstance(with_compile, dict) else {"compile_verifier": True} if with_compile else {}
+    spec = SpeculativeModel(model, sim, num_draft_tokens=k, **options)
     runner = Runner(MethodSpec("specdec", "simulated", k), model, spec=spec)
     if with_compile:  # priming is compiling: its own figure, outside the timed runs
         row["verifier_compile_seconds"] = _r(spec.prime_verifier(args.new_tokens, [ids.shape[1]]), 1)
-    compiled_head = inner_name == HEAD_COMPILED
+    compiled_head = inner_name == HEAD_COMPILED or bool(getattr(inner, "_graph_caches", None) is not None)
     runner(ids, gen if with_compile or compiled_head else _gen_kwargs(min(8, args.new_tokens)), None, mask)
 
     def timed() -> tuple[Any, int]:
@@ -873,6 +876,7 @@ def _simulated_row(row: dict[str, Any], model: Any, inner: Any, inner_name: str,
                calibration_runs=calibrations, graphs_compiled_in_timed_run=graphs)
     for key in ("verify_ms", "overhead_ms"):  # one-token figures: not this pass's
         row.pop(key, None)
+    return spec
 
 
 # --------------------------------------------------------------------------------------------
@@ -885,15 +889,11 @@ def stage_syncs_per_pass(entry: dict[str, Any], model: Any, state: dict[str, Any
     ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA only: each warning is a sync the driver saw) and
     :class:`specdec.host_trace.HostTrace` (the syncs, uploads and ops specdec's harness counts) on the same call, both
     attributed to passes at the plan's ``propose``. Steady passes: every pass but the last."""
-    import warnings
-
     import torch
 
     from specdec.api import SpeculativeModel
-    from specdec.chains import ChainPlan
     from specdec.drafters import AcceptanceProfile, SimulatedDrafter
     from specdec.drafters.eagle import EagleDrafter
-    from specdec.host_trace import HostTrace
 
     device, k, new = model.device, args.drafter_k, args.sync_new_tokens
     head = (state.get("heads") or {}).get(HEAD_EAGER) or EagleDrafter(random_eagle3(model), model)
@@ -905,6 +905,23 @@ def stage_syncs_per_pass(entry: dict[str, Any], model: Any, state: dict[str, Any
     cuda = torch.device(device).type == "cuda"
     entry.update(drafter=sim.label, k=k, new_tokens=new, batch=1,
                  sync_debug_mode="warn" if cuda else f"not available on {torch.device(device).type}")
+    entry.update(count_syncs(spec, ids, mask, new))
+
+
+def count_syncs(spec: Any, ids: Any, mask: Any, new: int) -> dict[str, Any]:
+    """One greedy call of ``spec`` under ``torch.cuda.set_sync_debug_mode("warn")`` (CUDA only: each warning is a
+    sync the driver saw) with :class:`specdec.host_trace.HostTrace` on the same call, both attributed to passes at
+    the plan's ``propose``: per steady pass (every pass but the last) the warnings, their sites, HostTrace's syncs,
+    uploads and ops."""
+    import warnings
+
+    import torch
+
+    from specdec.chains import ChainPlan
+    from specdec.host_trace import HostTrace
+
+    device = ids.device
+    cuda = device.type == "cuda"
     marks: list[int] = []  # warnings caught before each pass
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -936,16 +953,16 @@ def stage_syncs_per_pass(entry: dict[str, Any], model: Any, state: dict[str, Any
         if flag:
             site = f"{Path(w.filename).name}:{w.lineno}"
             sites[site] = sites.get(site, 0) + 1
-    entry.update(passes=len(marks), tokens_per_pass=_r(spec.last_stats.mean_accepted_length, 3),
-                 sync_warnings_total=sum(is_sync), sync_warnings_before_first_pass=sum(is_sync[: marks[0]]) if marks else None,
-                 sync_warnings_per_pass=_r(statistics.mean(steady), 2) if steady and cuda else None,
-                 sync_warnings_by_pass=steady[:40] if cuda else None,
-                 sync_warning_sites=sorted(sites.items(), key=lambda kv: -kv[1])[:12] if cuda else None,
-                 host_trace_syncs_per_pass=_r(statistics.mean(traced), 2) if traced else None,
-                 host_trace_syncs_by_pass=traced[:40],
-                 host_trace_uploads_per_pass=_r(statistics.mean(r.uploads for r in trace.steady()), 2) if traced else None,
-                 host_trace_ops_per_pass=_r(statistics.mean(r.op_count for r in trace.steady()), 1) if traced else None,
-                 host_trace_sites=[[what, site, n] for (what, site), n in trace.sync_sites().most_common(12)])
+    return dict(passes=len(marks), tokens_per_pass=_r(spec.last_stats.mean_accepted_length, 3),
+                sync_warnings_total=sum(is_sync), sync_warnings_before_first_pass=sum(is_sync[: marks[0]]) if marks else None,
+                sync_warnings_per_pass=_r(statistics.mean(steady), 2) if steady and cuda else None,
+                sync_warnings_by_pass=steady[:40] if cuda else None,
+                sync_warning_sites=sorted(sites.items(), key=lambda kv: -kv[1])[:12] if cuda else None,
+                host_trace_syncs_per_pass=_r(statistics.mean(traced), 2) if traced else None,
+                host_trace_syncs_by_pass=traced[:40],
+                host_trace_uploads_per_pass=_r(statistics.mean(r.uploads for r in trace.steady()), 2) if traced else None,
+                host_trace_ops_per_pass=_r(statistics.mean(r.op_count for r in trace.steady()), 1) if traced else None,
+                host_trace_sites=[[what, site, n] for (what, site), n in trace.sync_sites().most_common(12)])
 
 
 # --------------------------------------------------------------------------------------------
@@ -1318,6 +1335,37 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
+CAPTURED_COLUMNS = [("method", "method"), ("tokens_per_s", "tok/s"), ("vs_hf_compiled", "vs hf-compiled"),
+                    ("expected_tokens_per_pass", "profile tok/pass"), ("tokens_per_pass", "tok/pass"),
+                    ("pass_ms", "ms/pass"), ("graphs", "verify graphs"), ("capture_seconds", "capture s"),
+                    ("draft_graphs", "draft graphs"), ("draft_capture_seconds", "draft capture s"),
+                    ("identical_to_generate", "= generate"), ("calibration_runs", "recal."), ("status", "status")]
+
+
+def render_captured(entry: dict[str, Any]) -> list[str]:
+    """Section 0 (v3): the deciding rows with raw CUDA graphs, per model."""
+    if entry.get("status") == "skipped":
+        return ["## 0. Captured phases (raw CUDA graphs)", "", _status(entry), ""]
+    lines = ["## 0. Captured phases (raw CUDA graphs): the deciding rows", "", _status(entry), "",
+             "`compile_verifier=\"graphs\"` (and `compile_drafter=\"graphs\"` for the head): every verify pass and "
+             "greedy chain draft replays a raw `torch.cuda.CUDAGraph` captured at its first use; `capture s`: warm-up "
+             "and capture of each graph. SIMULATED rows: a chosen acceptance over the random head (section 7).", ""]
+    for name, m in (entry.get("models") or {}).items():
+        lines += [f"### {name}", "", _status(m) + (f"; {m['capture']}" if m.get("capture") else ""), ""]
+        if m.get("hf_compiled_compile_seconds") is not None:
+            lines += [f"hf-compiled: compiled in {m['hf_compiled_compile_seconds']} s (backend "
+                      f"{m.get('hf_compiled_backend')}, mode {m.get('hf_compiled_mode')}).", ""]
+        if m.get("rows"):
+            lines += _table(m["rows"], CAPTURED_COLUMNS) + [""]
+        for batch, sync in (m.get("syncs") or {}).items():
+            lines += [f"Syncs, {batch.replace('_', ' ')} (k = {m.get('k')}): {sync.get('sync_warnings_per_pass')} "
+                      f"sync warnings per steady pass (by pass: {sync.get('sync_warnings_by_pass')}), HostTrace "
+                      f"{sync.get('host_trace_syncs_per_pass')} syncs, {sync.get('host_trace_uploads_per_pass')} "
+                      f"uploads and {sync.get('host_trace_ops_per_pass')} host-dispatched ops per pass; warning "
+                      f"sites {sync.get('sync_warning_sites')}; graphs {sync.get('graphs')}.", ""]
+    return lines
+
+
 def render_markdown(data: dict[str, Any]) -> str:
     lines = ["# specdec GPU check", "", "```", data["command"], "```", "",
              f"Started {data['started']}; {data['timing'].get('elapsed_seconds')} s elapsed of a "
@@ -1331,6 +1379,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         opt = env.get("optional_packages") or {}
         lines += [f"| optional packages | {', '.join(f'{k} {v}' for k, v in opt.items() if v) or '-'} |",
                   f"| missing | {', '.join(k for k, v in opt.items() if not v) or '-'} |", ""]
+    lines += render_captured(data["captured"])
     tests = data["cuda_tests"]
     lines += ["## 2. tests/test_cuda.py", "", _status(tests), ""]
     if tests.get("counts"):
@@ -1462,6 +1511,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--budget-seconds", type=float, default=480.0, help="the whole run's time budget")
     ap.add_argument("--device", default=None, help="cuda (default where present) or cpu")
     ap.add_argument("--quick", action="store_true", help="toy sizes: every stage in seconds (CPU checks)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="every stage on this CPU at toy size (--device cpu --quick): CI runs it so the script cannot "
+                         "rot between GPU runs")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma list among {', '.join(STAGES)}")
     ap.add_argument("--models", default=None, help="comma list of shapes (default 1b,8b; --quick: tiny)")
     ap.add_argument("--dtype", default=None, help="random models' dtype (default bfloat16; --quick: float32)")
@@ -1506,6 +1558,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.stages.split(",") if s and s not in STAGES]
     if unknown:
         ap.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    if args.dry_run:
+        args.device, args.quick = args.device or "cpu", True
     quick = args.quick
     defaults = dict(prompt_tokens=(16, 128), new_tokens=(12, 128), repeats=(1, 2), drafter_new_tokens=(8, 32),
                     spec_new_tokens=(8, 128), sync_new_tokens=(12, 32), self_schemes=("all", "none"))
@@ -1529,6 +1583,47 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if bad:
         ap.error(f"unknown model shape(s) {bad}; choose from {', '.join(SHAPES)}")
     return args
+
+
+_REPORT: list[Any] = []  # the running Report: stages that write per row (captured) rewrite it through report_write
+
+
+def report_write() -> None:
+    """Rewrite gpu_check.json and gpu_check.md now (after a row), as every stage's end does."""
+    if _REPORT:
+        _REPORT[-1].write()
+
+
+def run_captured(report: "Report", args: argparse.Namespace, device: str, dtype: Any, dtype_name: str,
+                 slack: float) -> None:
+    """The ``captured`` stage for every model in order, each in its own time box (the later models' reserves and
+    the rest of the run's stages keep theirs: ``CAPTURED_LEAVES``)."""
+    data = report.data
+    data["captured"].update(status="running", models={})
+    for index, name in enumerate(args.models):
+        caps = SHAPES[name]["caps"]
+        later = sum(SHAPES[m]["caps"].get("captured", 0) // 2 for m in args.models[index + 1:])  # their first rows
+        entry = data["captured"]["models"].setdefault(name, {})
+        holder: dict[str, Any] = {}
+
+        def stage(entry: dict[str, Any], name: str = name) -> None:
+            t0 = time.perf_counter()
+            holder["model"] = model = build_model(name, device, dtype)
+            _sync(device)
+            entry.update(build_seconds=_r(time.perf_counter() - t0, 1), dtype=dtype_name)
+            from gpu_captured import stage_captured  # benchmarks/, beside this script
+
+            stage_captured(entry, model, {}, args, sys.modules[__name__])
+
+        try:
+            report.run(entry, stage, (caps["captured"] + caps["build"] // 4) * slack, later + CAPTURED_LEAVES * (
+                not args.quick), label=f"captured {name}")
+        finally:
+            holder.clear()
+            _free_memory()
+    statuses = [m.get("status") for m in data["captured"]["models"].values()]
+    data["captured"]["status"] = "ok" if statuses and all(st == "ok" for st in statuses) else \
+        "partial" if "ok" in statuses else "failed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1555,6 +1650,7 @@ def main(argv: list[str] | None = None) -> int:
     settings.update(budget_seconds=args.budget_seconds, device=device, dtype=dtype_name, carried_pylib=carried,
                     carry_dirs=[str(d) for d in dirs])
     report = Report(out, command, settings, args.budget_seconds)
+    _REPORT.append(report)
     data = report.data
     report.write()
     found = find_embedded(args, dirs) if "spec_bench" in stages and not args.quick else {"source": "toy"}
@@ -1573,6 +1669,10 @@ def main(argv: list[str] | None = None) -> int:
                        label="environment")
         else:
             skip("environment")
+        if "captured" in stages:  # v3: the deciding rows first, every model, before the tests and the eager rows
+            run_captured(report, args, device, dtype, dtype_name, slack)
+        else:
+            skip("captured")
         if "cuda_tests" in stages:
             subset = CUDA_TEST_SUBSET if args.cuda_tests == "subset" else None
             cap = STAGE_CAPS["cuda_tests" if subset else "cuda_tests_all"] * slack

@@ -58,7 +58,9 @@ class SpeculativeModel:
             not pay (:class:`~specdec.chains.AdaptiveDraftLength`). Without a ``generator`` the wall-clock
             estimates carry over between calls; a seeded call uses a fresh, clock-free policy, so it reproduces.
         compile_drafter: run the drafter's model (or head) through ``torch.compile``; the first calls pay the
-            compilation (cached on disk). Output is unaffected: the verifier decides every token.
+            compilation (cached on disk). Output is unaffected: the verifier decides every token. ``"graphs"``
+            (EAGLE heads): each greedy chain draft is one raw CUDA graph per (batch, ``k``), captured in
+            milliseconds at its first use (:mod:`specdec.runners.capture`; eager over the same buffers on a CPU).
         tree: verify a tree of drafts per pass (:mod:`specdec.trees`): ``"static"``, a list of paths of top-k
             ranks, ``"dynamic"`` (EAGLE-2), a dict of :class:`~specdec.trees.TreeConfig` fields, or ``"auto"``
             (sized per pass from the verifier's measured cost and the drafter's calibrated confidence). Output is
@@ -70,6 +72,8 @@ class SpeculativeModel:
             (CUDA graphs on CUDA), a chain's passes padded to k+1 and a tree's to a few fixed widths;
             :meth:`prime_verifier` compiles up front. Greedy
             output stays ``model.generate``'s up to float near-ties. A dict is passed to ``torch.compile``.
+            ``"graphs"``: no ``torch.compile``; each pass shape of the eager forward is captured as a raw CUDA
+            graph at its first use (seconds, not minutes) and replayed after (:mod:`specdec.runners.capture`).
 
     Raises:
         ValueError: a tree whose static ranks or ``top_k`` lie past the verifier's vocabulary, or other
@@ -80,21 +84,27 @@ class SpeculativeModel:
 
     def __init__(self, model: PreTrainedModel, draft: Any = "self:int8", num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
                  tokenizer: Any = None, draft_tokenizer: Any = None, memory_budget: int | str | None = None,
-                 adaptive: bool = False, compile_drafter: bool = False, tree: Any = None,
+                 adaptive: bool = False, compile_drafter: bool | str = False, tree: Any = None,
                  tree_cost: VerifyCost | None = None, tree_draft_step: float | None = None,
-                 compile_verifier: bool | dict[str, Any] = False) -> None:
+                 compile_verifier: bool | str | dict[str, Any] = False) -> None:
         _check_k(num_draft_tokens)
         check_torch_for_transformers()  # one line, not a missing model class, where transformers disabled torch
-        if not isinstance(compile_verifier, (bool, dict)):
-            raise ValueError(f"compile_verifier must be a bool or a dict of torch.compile options, got {compile_verifier!r}")
+        if not isinstance(compile_verifier, (bool, dict)) and compile_verifier != "graphs":
+            raise ValueError(f"compile_verifier must be a bool, 'graphs' or a dict of torch.compile options, "
+                             f"got {compile_verifier!r}")
+        if compile_drafter not in (True, False, "graphs"):
+            raise ValueError(f"compile_drafter must be a bool or 'graphs', got {compile_drafter!r}")
         self.model, self.tokenizer, self.num_draft_tokens = model, tokenizer, num_draft_tokens
         self.draft_name = draft if isinstance(draft, str) else type(draft).__name__  # what reports call the drafter
         self.verifier = CausalLMRunner(model, role="verifier")
         self.compile_verifier = compile_verifier is not False
         if self.compile_verifier:
-            self.verifier.compile_static(compile_verifier if isinstance(compile_verifier, dict) else None)
+            self.verifier.compile_static({"backend": "graphs"} if compile_verifier == "graphs"
+                                         else compile_verifier if isinstance(compile_verifier, dict) else None)
         self.drafter: Drafter = resolve_drafter(draft, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
-        if compile_drafter:
+        if compile_drafter == "graphs":
+            self.drafter.compile_graphs()  # raises, naming the drafter, where there is nothing to capture
+        elif compile_drafter:
             if not self.drafter.compilable:
                 raise ValueError(f"compile_drafter: {type(self.drafter).__name__} has no model to compile")
             self.drafter.compile()

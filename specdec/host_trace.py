@@ -52,6 +52,7 @@ class PassRecord:
     ops: Counter = field(default_factory=Counter)  # per region
     allocations: Counter = field(default_factory=Counter)
     trace: dict[str, list[tuple]] = field(default_factory=dict)  # per region, (op, shapes, dtypes) in order
+    region_syncs: Counter = field(default_factory=Counter)  # syncs and uploads per region (a captured phase: none)
 
     @property
     def sync_count(self) -> int:
@@ -156,6 +157,7 @@ class HostTrace:
         if self._quiet:
             return
         self._now.syncs.append((what, self._site() if self.sites else ""))
+        self._now.region_syncs[self._regions[-1] if self._regions else "other"] += 1
 
     def _site(self) -> str:
         for frame in reversed(traceback.extract_stack()[:-3]):
@@ -209,6 +211,7 @@ class HostTrace:
                 (getattr(self_, "_host_mirror", False) or self_.device != torch.device(target))
             if moves and kwargs.get("non_blocking", False):
                 trace._now.uploads += 1
+                trace._now.region_syncs[trace._regions[-1] if trace._regions else "other"] += 1
             elif moves:
                 trace._sync("Tensor.to(device)")
             return tensor_to(self_, *args, **kwargs)

@@ -21,6 +21,15 @@ ARCHS = sorted(CONFIGS)  # mistral's sliding window (16) cuts: prompts plus outp
 EAGER = {"backend": "eager"}
 
 
+def draft_of(kind: str, model):
+    """A fresh drafter of ``kind`` (``eagle3``, ``lookup``, ``composite``, ``layer-skip``, ``model``) for ``model``."""
+    return {"eagle3": lambda: EagleDrafter(_random_head(model, "eagle3"), model),
+            "lookup": lambda: PromptLookupDrafter(),
+            "composite": lambda: CompositeDrafter(ModelDrafter(perturbed_copy(model, 0.05))),
+            "layer-skip": lambda: "layer-skip:1",
+            "model": lambda: perturbed_copy(model, 0.05)}[kind]()
+
+
 def _spec(model, draft, pads=False, options=EAGER, **kwargs):
     spec = specdec.SpeculativeModel(model, draft, compile_verifier=options, **kwargs)
     spec.verifier.static.pads = pads
@@ -52,11 +61,7 @@ def test_greedy_identity_every_architecture(arch, batch, tree):
 @pytest.mark.parametrize("drafter", ["eagle3", "lookup", "composite", "layer-skip", "model"])
 def test_greedy_identity_every_drafter_kind_with_padded_passes(tree, batch, drafter):
     model = make_model("llama")
-    draft = {"eagle3": lambda: EagleDrafter(_random_head(model, "eagle3"), model),
-             "lookup": lambda: PromptLookupDrafter(),
-             "composite": lambda: CompositeDrafter(ModelDrafter(perturbed_copy(model, 0.05))),
-             "layer-skip": lambda: "layer-skip:1",
-             "model": lambda: perturbed_copy(model, 0.05)}[drafter]()
+    draft = draft_of(drafter, model)
     cost = specdec.trees.auto.VerifyCost((1, 64), (0.010, 0.330)) if tree == "auto" else None
     _identical(_spec(model, draft, pads=True, num_draft_tokens=4, tree=tree, tree_cost=cost), model, batch)
 
@@ -202,7 +207,7 @@ def test_refusals():
     model.config._attn_implementation = "flash_attention_2"
     with pytest.raises(UnsupportedModelError, match="ignores custom 4-D masks: a compiled verifier"):
         specdec.SpeculativeModel(model, "prompt-lookup", compile_verifier=True)
-    with pytest.raises(ValueError, match="compile_verifier must be a bool or a dict"):
+    with pytest.raises(ValueError, match="compile_verifier must be a bool, 'graphs' or a dict"):
         specdec.SpeculativeModel(make_model("llama"), "prompt-lookup", compile_verifier="yes")
 
 

@@ -145,6 +145,32 @@ def test_compiled_verifier_greedy_identity_on_cuda(dtype, draft):
     assert spec.verifier.static.failed is None
 
 
+def _graphs_of(spec) -> list:
+    """Every PhaseGraphs of the verifier's pooled caches."""
+    return [c.graphs for caches in spec.verifier.static._free.values() for c in caches if hasattr(c, "graphs")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("draft", ["eagle", "model", "prompt-lookup"])
+def test_captured_phases_greedy_identity_on_cuda(dtype, draft):
+    """compile_verifier="graphs" (and compile_drafter="graphs" for the head and a model drafter): raw CUDA graphs of
+    the eager kernels, so fp32 output is generate's and bf16 differs only at near-ties, as eager specdec's does."""
+    model = make_model("llama").to("cuda", dtype)
+    drafter = _random_eagle3(model) if draft == "eagle" else _draft(draft, model)
+    options = {"compile_drafter": "graphs"} if draft in ("eagle", "model") else {}
+    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=4, compile_verifier="graphs", **options)
+    kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for lengths in ([11], [3, 17, 9]):
+        ids, mask = _left_padded(lengths, "cuda")
+        ref = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_logits=True, **kwargs)
+        out = spec.generate(ids, attention_mask=mask, **kwargs)
+        _assert_equal_up_to_bf16_ties(out, ref, ids.shape[1])
+    static = spec.verifier.static
+    assert static.raw_graphs and static.failed is None and static.graphs >= 2
+    graphs = _graphs_of(spec)
+    assert graphs and all(g.captured == g.graphs and g.recaptures == 0 for g in graphs)  # real graphs, replayed
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("draft, tree", [("prompt-lookup", None), ("eagle", "auto")])
 def test_embedded_model_compiled_verifier_on_cuda(smollm2, draft, tree):
@@ -177,21 +203,24 @@ def _random_eagle3(model: torch.nn.Module) -> object:
     return EagleDrafter(_random_head(model, "eagle3").to("cuda"), model)
 
 
-@pytest.mark.parametrize("draft", ["eagle", SELF, "prompt-lookup", COMPOSITE, "eagle-region"])
+@pytest.mark.parametrize("draft", ["eagle", SELF, "prompt-lookup", COMPOSITE, "eagle-region", "eagle-graphs",
+                                   "model-graphs"])
 @pytest.mark.parametrize("lengths", [[11], [3, 17, 9]], ids=["b1", "b3"])
 def test_a_chain_pass_syncs_once_on_cuda(draft, lengths):
     """``torch.cuda.set_sync_debug_mode("warn")`` warns at every call that waits for the GPU: in steady state a chain
     pass makes one (the read of the accepted counts and tokens), as ``HostTrace`` counts on a CPU
-    (tests/test_host_syncs.py). ``eagle-region``: the head's fixed-shape draft region, eager (no compile)."""
+    (tests/test_host_syncs.py). ``eagle-region``: the head's fixed-shape draft region, eager (no compile);
+    ``*-graphs``: every phase replayed from raw CUDA graphs (verify pass, head chain or model-drafter steps)."""
     import warnings
 
     from specdec.chains import ChainPlan
 
     model = make_model("llama").to("cuda")
-    drafter = _random_eagle3(model) if draft.startswith("eagle") else _draft(draft, model)
+    drafter = _random_eagle3(model) if draft.startswith("eagle") else _draft(draft.removesuffix("-graphs"), model)
     if draft == "eagle-region":
         drafter.static_draft = True
-    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=4)
+    graphs = {"compile_verifier": "graphs", "compile_drafter": "graphs"} if draft.endswith("-graphs") else {}
+    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=4, **graphs)
     ids, mask = _left_padded(lengths, "cuda")
     kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
     spec.generate(ids, **kwargs)  # warm: allocations, lazy initialisation

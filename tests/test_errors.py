@@ -51,6 +51,7 @@ USER_FACING = [
 #: errors that mean specdec itself is wrong (a broken invariant): a traceback, not a one-line message
 INTERNAL = [
     ("specdec.runners.cache", "CacheOverflowError"),  # the engine sizes every cache before a call writes to it
+    ("specdec.runners.capture", "CaptureError"),  # a phase that broke a graph's rules: a bug of ours, tested on CPU
 ]
 
 

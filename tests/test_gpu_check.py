@@ -150,7 +150,7 @@ def test_auto_part_size_fits_one_call_beside_the_tree(tmp_path):
 
 def test_gpu_check_quick_on_cpu(tmp_path):
     out = tmp_path / "check"
-    run = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--quick", "--out", str(out)],
+    run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     data = json.loads((out / "gpu_check.json").read_text())
@@ -158,7 +158,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
               "simulated", "syncs_per_pass")
     assert all(stage in data for stage in stages)
     markdown = (out / "gpu_check.md").read_text()
-    assert markdown.startswith("# specdec GPU check") and "--quick" in markdown.split("\n")[3]
+    assert markdown.startswith("# specdec GPU check") and "--dry-run" in markdown.split("\n")[3]
     assert data["environment"]["status"] == "ok" and data["environment"]["torch"] == torch.__version__
     assert data["cuda_tests"]["status"] == "ok" and "not a CUDA device" in data["cuda_tests"]["note"]
 
@@ -204,7 +204,7 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     assert "summary.json" in kept or importlib.util.find_spec("evaluate") is None
     assert not (out / "spec_bench_compiled").exists()
     labels = [step["label"] for step in data["timing"]["stages"]]
-    assert labels == ["environment", "cuda_tests", "build tiny", "verify_cost tiny", "engine_overhead tiny",
+    assert labels == ["environment", "captured tiny", "cuda_tests", "build tiny", "verify_cost tiny", "engine_overhead tiny",
                       "drafter_costs tiny", "simulated tiny", "syncs_per_pass tiny", "spec_bench"], labels
 
     # SIMULATED acceptance: the head eager at 2 / 3 / 4 tokens per pass, a model drafter at 3, then the compiled head
@@ -228,6 +228,27 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     section = markdown.split("## 7. SIMULATED")[1].split("## 8.")[0]
     table = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert len(table) == len(sim_rows) and all("SIMULATED[" in line for line in table), table
+
+    # v3: the deciding rows first, through the capture module's stand-in on a CPU: hf-compiled, the oracle with
+    # captured verify passes (every draft accepted), the captured head at SIMULATED 2 / 3 / 4, syncs at batch 1 and 3
+    captured = data["captured"]["models"]["tiny"]
+    assert data["captured"]["status"] == "ok" and captured["status"] == "ok", captured
+    assert captured["capture"].startswith("stand-in")
+    crows = captured["rows"]
+    sims = [f"SIMULATED[{t} tokens/pass at k=4 (a={a})]" for t, a in ((2, 0.519), (3, 0.741), (4, 0.888))]
+    assert [r["method"].split(" over ")[0] for r in crows] == [
+        "hf-compiled", "specdec[oracle,k=4,graphs]", *sims, "specdec[oracle,k=4,graphs+fused]", sims[1]], crows
+    assert crows[-1]["method"].endswith("+graphs+fused") and crows[-1]["verifier"] == "graphs+fused"
+    for oracle in (crows[1], crows[5]):
+        assert oracle["acceptance_rate"] == 1.0 and oracle["graphs"] >= 1 and len(oracle["capture_seconds"]) >= 1
+    for r in crows[1:]:
+        assert r["status"] == "ok" and r["identical_to_generate"] is True and r["vs_hf_compiled"] > 0, r
+        assert r["graphs"] >= 1 and r.get("capture_failed") is None
+    heads = [r for r in crows if r["method"].startswith("SIMULATED")]
+    assert len(heads) == 4 and all(r["draft_graphs"] >= 1 and r["draft_capture_failed"] is None for r in heads)
+    assert [s["batch"] for s in captured["syncs"].values()] == [1, 3]
+    assert all(s["host_trace_syncs_per_pass"] == 1.0 for s in captured["syncs"].values()), captured["syncs"]
+    assert "## 0. Captured phases" in markdown
 
     syncs = data["syncs_per_pass"]["models"]["tiny"]
     assert data["syncs_per_pass"]["status"] == "ok" and syncs["status"] == "ok", syncs

@@ -60,6 +60,16 @@ class Drafter:
         """Run the drafter's forwards through ``torch.compile``."""
         raise ValueError(f"{type(self).__name__} has no model to compile")
 
+    @property
+    def captures_graphs(self) -> bool:
+        """Whether :meth:`compile_graphs` can capture this drafter's greedy draft as raw CUDA graphs."""
+        return False
+
+    def compile_graphs(self) -> None:
+        """Draft greedy chains through raw CUDA graphs (``compile_drafter="graphs"``, :mod:`specdec.runners.capture`)."""
+        raise ValueError(f"compile_drafter='graphs': {type(self).__name__} has no fixed-shape draft to capture "
+                         "(EAGLE heads do); use compile_drafter=True")
+
     def prime(self) -> None:
         """Compile now (dummy forwards) rather than in the first calls; nothing to do by default."""
 
@@ -143,6 +153,13 @@ class WrappingDrafter(Drafter):
 
     def compile(self) -> None:
         self.inner.compile()
+
+    @property
+    def captures_graphs(self) -> bool:
+        return self.inner.captures_graphs
+
+    def compile_graphs(self) -> None:
+        self.inner.compile_graphs()
 
     def prime(self) -> None:
         self.inner.prime()

@@ -10,6 +10,7 @@ commit, since the verifier's real features replace them (as in EAGLE).
 
 from __future__ import annotations
 
+import threading
 import types
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ from specdec.runners.static import COMPILE_ERRORS
 from specdec.drafters.model import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
 from specdec.heads.static_draft import draft_chain, region_steps
+from specdec.runners.capture import PhaseGraphs
 from specdec.slots import STATIC_LENGTH_STEP
 from specdec.heads.modules import CachedKeyValues, EagleHead, HeadCache, TreeKeyValues
 from specdec.trees.build import TreeShape, grow_tree
@@ -33,6 +35,7 @@ from specdec.trees.tree import DraftTree
 
 #: static drafts: head cache slots kept free past ``max_len`` for a padded feed and the drafts of one pass
 _STATIC_ROOM = 64
+_POOL_LOCK = threading.Lock()  # the pooled head caches of compile_graphs(), shared by concurrent calls
 
 
 class EagleDrafter(Drafter):
@@ -62,6 +65,9 @@ class EagleDrafter(Drafter):
         self._fed_hidden: torch.Tensor | None = None  # the last commit's features, while they are the whole pending
         self._pads_t: torch.Tensor | None = None
         self._steps = 1  # static drafts: the region's k in this call (the widest met)
+        #: compile_graphs(): free head caches per (batch, slots), each with its captured graphs (None: no capture)
+        self._graph_caches: dict[tuple, list[HeadCache]] | None = None
+        self._pooled = False  # this call's cache came from (and goes back to) that pool
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, verifier: Any) -> "EagleDrafter":
@@ -91,6 +97,18 @@ class EagleDrafter(Drafter):
         self._compiled = {kind: torch.compile(_own_code(_head_pass), dynamic=True) for kind in ("feed", "step", "tree")}
         self._compiled["logits"] = torch.compile(_own_code(_head_logits), dynamic=True)
         self.static_draft = True  # greedy chains: the whole draft as one graph per k (made at first use)
+
+    @property
+    def captures_graphs(self) -> bool:
+        return True
+
+    def compile_graphs(self) -> None:
+        """Draft greedy chains through one raw CUDA graph per (batch, ``k``) of the fixed-shape region
+        (:mod:`specdec.heads.static_draft`), captured at first use in one shared pool (:mod:`specdec.runners.capture`),
+        over head caches pooled between calls so that their graphs are reused; no ``torch.compile``. On a CPU the same
+        region runs eagerly over the same static buffers. Sampling, processors and trees stay eager."""
+        self.static_draft = True
+        self._graph_caches = {}  # (batch, slots) -> [HeadCache] with their graphs: shared by the per-call copies
 
     def prime(self) -> None:
         """Compile now with dummy passes of every kind a call runs (feeds of one and of several committed tokens,
@@ -135,8 +153,8 @@ class EagleDrafter(Drafter):
         # static drafts: slots rounded up (calls of similar lengths share graphs), with room for a feed and the drafts
         slots = -(-(max_len + 1 + _STATIC_ROOM) // STATIC_LENGTH_STEP) * STATIC_LENGTH_STEP if self.static_draft \
             else max_len + 1
-        self._cache = HeadCache(len(self.head.decoder_layers), batch, slots, c.num_key_value_heads, c.head_dim,
-                                p.dtype, p.device)
+        self._cache = self._borrow(batch, slots) if self._graph_caches is not None else \
+            HeadCache(len(self.head.decoder_layers), batch, slots, c.num_key_value_heads, c.head_dim, p.dtype, p.device)
         self._pads_t = upload(pads, torch.long, p.device) if self.static_draft else None
         self._fed_hidden, self._steps = None, 1
         self._pending = [hidden[b, pad:] for b, pad in enumerate(pads)]
@@ -226,14 +244,42 @@ class EagleDrafter(Drafter):
         at = (self._pads_t + cache.lengths + 1).unsqueeze(1) + torch.arange(width, device=cache.lengths.device)
         tokens = rows.tokens.gather(1, at.clamp(max=rows.tokens.shape[1] - 1))  # each fed feature's next token
         with torch.no_grad():
-            drafts, lengths = self._call(self._chain_region(steps), draft_chain, self.head, cache.keys, cache.values,
-                                         cache.lengths, tokens, feats, self._pending_counts, steps)
+            if self._graph_caches is not None:
+                drafts, lengths = self._draft_graphed(steps, tokens, feats)
+            else:
+                drafts, lengths = self._call(self._chain_region(steps), draft_chain, self.head, cache.keys, cache.values,
+                                             cache.lengths, tokens, feats, self._pending_counts, steps)
         self.forwards += steps
         cache.lengths = self._committed = lengths.clone()
         self._lengths = [n + len(p) for n, p in zip(self._lengths, self._pending)]
         self._committed_lengths = list(self._lengths)
         self._pending, self._pending_counts, self._fed_hidden = [], None, None
         return DraftChain(drafts[:, :k].clone())
+
+    def _borrow(self, batch: int, slots: int) -> HeadCache:
+        """A pooled head cache (its buffers, hence its graphs, kept between calls), zeroed lengths; else a new one."""
+        c, p = self.head.config, next(self.head.parameters())
+        with _POOL_LOCK:
+            free = self._graph_caches.get((batch, slots))
+            cache = free.pop() if free else None
+        if cache is None:
+            cache = HeadCache(len(self.head.decoder_layers), batch, slots, c.num_key_value_heads, c.head_dim,
+                              p.dtype, p.device)
+            cache.graphs = PhaseGraphs("draft", capture=True)
+        cache.lengths = torch.zeros_like(cache.lengths)
+        self._pooled = True
+        return cache
+
+    def _draft_graphed(self, steps: int, tokens: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The region through the cache's graph for (``steps``, shapes): captured at first use, replayed after."""
+        cache, head = self._cache, self.head
+        keys, values = cache.keys, cache.values
+
+        def draft(lengths: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, counts: torch.Tensor) -> Any:
+            return draft_chain(head, keys, values, lengths, tokens, feats, counts, steps)
+
+        key = (steps, tuple(tokens.shape), tuple(feats.shape), feats.dtype)
+        return cache.graphs.run(key, draft, (cache.lengths, tokens, feats, self._pending_counts), [*keys, *values])
 
     def _chain_region(self, steps: int) -> str:
         """The name of the compiled region drafting ``steps`` (compiled at first use; nothing once compiling failed).
@@ -295,6 +341,8 @@ class EagleDrafter(Drafter):
         index = indices.tolist()  # host data (the engine's index): uploaded once, without blocking
         on_device = upload(index, torch.long, self._committed.device)
         self._cache.keep_rows(on_device)
+        if self._pooled:  # new buffers: the pooled cache's graphs no longer apply; this one gets its own
+            self._cache.graphs, self._pooled = PhaseGraphs("draft", capture=True), False
         self._committed = self._committed.index_select(0, on_device)
         self._lengths = [self._lengths[i] for i in index]
         self._committed_lengths = [self._committed_lengths[i] for i in index]
@@ -305,6 +353,10 @@ class EagleDrafter(Drafter):
             self._pending_counts, self._fed_hidden = None, None
 
     def finish(self) -> None:
+        if self._pooled and self._cache is not None:
+            with _POOL_LOCK:
+                self._graph_caches.setdefault((self._cache.lengths.shape[0], self._cache.slots), []).append(self._cache)
+        self._pooled = False
         self._cache, self._pending, self._committed, self._pending_counts = None, [], None, None
         self._fed_hidden, self._pads_t = None, None
 

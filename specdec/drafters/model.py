@@ -17,10 +17,14 @@ from specdec.trees.build import TreeShape, grow_tree
 from specdec.trees.tree import DraftTree
 from specdec.runners.hf import CausalLMRunner, lm_head_rows, shares_kv_layout
 from specdec.runners.session import CacheSession
+from specdec.slots import static_slots
 
 # Vocabulary sizes may differ by embedding padding (rounded up to a multiple of 64/128...);
 # a larger gap means a different tokenizer.
 _MAX_VOCAB_PADDING = 1024
+#: compile_graphs(): slots a static drafter cache keeps free past its rows' own for a padded pass (k + 1 <= this)
+_STATIC_ROOM = 64
+_TREE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # compile_graphs(): a tree's passes, padded to the next of these
 
 
 class VocabularyMismatchError(SpecdecError, ValueError):
@@ -118,6 +122,7 @@ class ModelDrafter(Drafter):
         self._adopted = False
         self._tree_fed: list[list[int]] | None = None  # per row: feed position of each tree node (-1: not fed)
         self._tree_block = 0  # tree slots written by the last proposal
+        self._static_widths: tuple[int, ...] = ()  # compile_graphs(): the static session's room at start
 
     @property
     def model(self) -> PreTrainedModel:
@@ -126,6 +131,20 @@ class ModelDrafter(Drafter):
     def compile(self) -> None:
         """Run the drafter's forwards through ``torch.compile`` (see :meth:`CausalLMRunner.compile`)."""
         self.runner.compile()
+
+    @property
+    def captures_graphs(self) -> bool:
+        return True
+
+    def compile_graphs(self) -> None:
+        """Run every forward after the prefill as a static pass (:mod:`specdec.runners.static`) replayed from a raw
+        CUDA graph per shape (:mod:`specdec.runners.capture`): a chain's catch-up padded to ``k + 1`` and its draft
+        steps at width 1, so a call meets two graphs per batch size. On a CPU the same static passes run eagerly.
+
+        Raises :class:`~specdec.runners.UnsupportedModelError` for a model whose attention ignores custom masks
+        (flash, flex) or that has recurrent layers, as ``compile_verifier`` does."""
+        self.runner.compile_static({"backend": "graphs"})
+        self._static_widths = (1, _STATIC_ROOM)
 
     def prime(self) -> None:
         """Compile now rather than in the first calls (see :meth:`CausalLMRunner.prime`)."""
@@ -137,12 +156,17 @@ class ModelDrafter(Drafter):
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
               verifier: CacheSession | None = None, hidden: torch.Tensor | None = None) -> None:
         adopt = (self.reuse_verifier_prompt and verifier is not None and verifier.length == input_ids.shape[1]
-                 and shares_kv_layout(verifier.runner.model.config, self.model.config))
+                 and shares_kv_layout(verifier.runner.model.config, self.model.config)
+                 # static passes write in place, in the dtype the drafter computes in: known after its first forward
+                 and not (self._static_widths and self.runner._kv_dtype is None))
         self._adopted = bool(adopt)
+        widths = self._static_widths
+        if widths:  # static passes: a cache rounded up as the verifier's is (calls of similar lengths share graphs)
+            max_len = static_slots(max_len, widths)
         if adopt:
-            self._session, self.forwards = self.runner.adopt(verifier, max_len), 0
+            self._session, self.forwards = self.runner.adopt(verifier, max_len, widths=widths), 0
         else:
-            self._session, _ = self.runner.prefill(input_ids, attention_mask, max_len)
+            self._session, _ = self.runner.prefill(input_ids, attention_mask, max_len, widths=widths)
             self.forwards = 1
         self._fed = [input_ids.shape[1]] * input_ids.shape[0]
         self._drafts_fed = None
@@ -171,7 +195,12 @@ class ModelDrafter(Drafter):
     def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         if k <= 0:
             return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
+        static = self._session.static is not None
+        if static:  # the catch-up always padded to k + 1, then one-token steps: two graphs, the same every pass
+            self._session.widths = (k + 1,)
         logits = self._catch_up(rows)
+        if static:
+            self._session.widths = (1,)
         ids, tokens, probs, fed = rows.contexts(), [], [], 0
         for i in range(k):
             scores = self._scores(logits, ids, ctx)
@@ -196,6 +225,8 @@ class ModelDrafter(Drafter):
         return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
+        if self._session.static is not None:  # frontiers of any size: a handful of padded widths
+            self._session.widths = _TREE_WIDTHS
         root = self._catch_up(rows)
         before, written = self._session.counts.clone(), [0]
 

@@ -133,7 +133,10 @@ class ManagedLayer(CacheLayerMixin):
         ``rows``: which of ``other``'s buffer rows (a static cache keeps retired rows; default all)."""
         n = other.length
         keys, values = (other.keys, other.values) if rows is None else (other.keys[rows], other.values[rows])
-        self.lazy_initialization(keys[:, :, :0].to(dtype or keys.dtype), values[:, :, :0].to(dtype or values.dtype))
+        dtype = dtype or keys.dtype
+        if not (self.is_initialized and self.keys.dtype == dtype and self.keys.shape[:2] == keys.shape[:2]
+                and self.keys.shape[-1] == keys.shape[-1]):  # a pooled static cache keeps its buffers (and graphs)
+            self.lazy_initialization(keys[:, :, :0].to(dtype), values[:, :, :0].to(dtype))
         self.keys[:, :, :n].copy_(keys[:, :, :n])
         self.values[:, :, :n].copy_(values[:, :, :n])
         self.length = n

@@ -171,10 +171,11 @@ class CausalLMRunner:
         # one per model and options, kept on the model as transformers keeps its compiled call: every wrapper of
         # the model (an eval's methods) shares its graphs and cache pool instead of compiling its own
         shared = self.model.__dict__.setdefault("_specdec_static_verifiers", _PerModel())
-        key = (repr(sorted((options or {}).items())), str(self.model.device), self.model.dtype)  # a moved model: new graphs
+        # a moved model: new graphs; id: a shallow copy (layer-skip's truncated view) shares this dict, not the model
+        key = (repr(sorted((options or {}).items())), str(self.model.device), self.model.dtype, id(self.model))
         with _SHARED_LOCK:
             if key not in shared:
-                shared[key] = StaticVerifier(self.model, options)
+                shared[key] = StaticVerifier(self.model, options, phase="verify" if self.role == "verifier" else "step")
             self.static = shared[key]
 
     def prime_static(self, shapes: Iterable[tuple[int, int]], widths: tuple[int, ...], hidden_layers: tuple[int, ...] = (),
@@ -248,7 +249,7 @@ class CausalLMRunner:
         out = session.forward(input_ids, mask, hidden_layers=hidden_layers, **extra)
         return session, StepOutput(out.logits[:, -1], out.hidden)
 
-    def adopt(self, source: CacheSession, max_len: int) -> CacheSession:
+    def adopt(self, source: CacheSession, max_len: int, widths: tuple[int, ...] = ()) -> CacheSession:
         """A session that starts from ``source``'s cached prompt instead of running a prefill.
 
         For drafters derived from the verifier (quantized copies, its first layers): the verifier's
@@ -258,11 +259,16 @@ class CausalLMRunner:
         """
         if not shares_kv_layout(source.runner.model.config, self.model.config):
             raise ValueError(f"the {self.role}'s key/value layout differs from the verifier's: cannot adopt its cache")
-        session = self.session(source.valid.shape[0], max_len, source.valid.device)
+        session = self.session(source.valid.shape[0], max_len, source.valid.device, widths)
+        dtype = self._kv_dtype  # our own dtype once known: no conversion mid-forward
+        if widths and self.static is not None and dtype is None:
+            raise ValueError(f"the {self.role} cannot adopt a cache into static passes before its first forward "
+                             "(its key/value dtype is not known yet): prefill instead")
         with torch.inference_mode():  # the buffers are inference tensors, like those a forward allocates
             for mine, theirs in zip(session.cache.layers, source.cache.layers):
-                # our own dtype once known: no conversion mid-forward; a static source's live rows only
-                mine.adopt(theirs, self._kv_dtype, rows=None if source.static is None else source.live)
+                mine.adopt(theirs, dtype, rows=None if source.static is None else source.live)  # a static source: its live rows
+        if session.static is not None:  # static passes from here, as after a prefill
+            session.static.activate(session.cache)
         width = source.cache.length
         session.valid[:, :width] = source.valid[:, :width]
         session.counts, session.dense = source.counts.clone(), source.dense

@@ -186,8 +186,10 @@ class CacheSession:
         diagonal = torch.arange(width, device=seen.device)
 
         def place(allowed: torch.Tensor) -> torch.Tensor:  # the live rows' view in the whole buffer, padded to width
-            full = torch.zeros(batch, width, seen.shape[1], dtype=torch.bool, device=seen.device)
-            full[:, diagonal, start + diagonal] = True  # filler and dummy rows see their own slot
+            # filler and dummy rows see their own slot; built by ops, not by assigning a Python scalar at a tensor
+            # index, which on CUDA copies that scalar from pageable host memory (a sync HostTrace cannot see)
+            slots = torch.arange(seen.shape[1], device=seen.device)
+            full = (slots.view(1, 1, -1) == (start + diagonal).view(1, -1, 1)).expand(batch, width, -1).clone()
             full[self.live, :n] |= allowed
             return self._additive(full)
 

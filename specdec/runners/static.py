@@ -17,14 +17,17 @@ transformers reuses its static cache.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
+import types
 import warnings
 from typing import Any
 
 import torch
 
 from specdec.runners.cache import ManagedCache
+from specdec.runners.capture import PhaseGraphs, graphs_option
 
 
 def _compile_errors() -> tuple[type[BaseException], ...]:
@@ -64,21 +67,36 @@ class StaticVerifier:
     are static (``dynamic=False``) and a chain call compiles and records one graph per (batch, k, length).
     """
 
-    def __init__(self, model: torch.nn.Module, options: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, options: dict[str, Any] | None = None, phase: str = "verify") -> None:
         self.model = model
+        self.phase = phase  # the captured phase's name: "verify" (the verifier), "step" (a model drafter's pass)
         self.cuda = model.device.type == "cuda"
         options = dict(options or {})
-        if options.get("backend", "inductor") == "inductor":
+        #: ``backend="graphs"``: raw CUDA graphs of the eager forward (:mod:`specdec.runners.capture`), no dynamo;
+        #: on a CPU the same padded passes run eagerly over the same static buffers
+        self.raw_graphs = graphs_option(options)
+        self.capture_seconds: list[float] = []  # raw graphs: warm-up and capture of each graph, in order
+        self._takes_cache_position = "cache_position" in _forward_parameters(model)
+        #: with raw graphs, ``fuse``: capture inductor's fused kernels (``torch.compile(dynamic=False)`` without its
+        #: own CUDA graphs, as SGLang's optional compile inside its raw capture) instead of the eager ones; the first
+        #: pass of each shape compiles (tens of seconds on a GPU); ``fuse_backend``: that compile's backend
+        self.fuse = bool(options.get("fuse")) if self.raw_graphs else False
+        if self.raw_graphs:
+            options = {"backend": "graphs", **({"fuse": True, "fuse_backend": options.get("fuse_backend", "inductor")}
+                                               if self.fuse else {})}
+        elif options.get("backend", "inductor") == "inductor":
             options.setdefault("mode", "reduce-overhead" if self.cuda else None)
         # CUDA graphs need each pass padded to one of the call's widths; inductor's graphs take any width (its
         # shapes go dynamic after the first change), and on a CPU a padded token costs as much as a real one
-        self.pads = options.get("mode") in ("reduce-overhead", "max-autotune") or options.get("backend") == "cudagraphs"
+        self.pads = options.get("mode") in ("reduce-overhead", "max-autotune") \
+            or options.get("backend") in ("cudagraphs", "graphs")
         if self.pads:
             # padded passes have fixed shapes: a symbolic width would compile a second graph, and the cudagraphs
             # backend keys its recordings on int inputs only, replaying a width-2 graph at width 3
             options.setdefault("dynamic", False)
         self.options = options
-        self.compiled: Any = torch.compile(model, **options)
+        self.compiled: Any = torch.compile(model, dynamic=False, backend=options["fuse_backend"]) if self.fuse else \
+            None if self.raw_graphs else torch.compile(model, **options)
         self.compile_seconds = 0.0  # wall time of passes that compiled (priming or the first calls)
         self.passes = 0  # static passes run through the compiled model
         self.graphs = 0  # passes that compiled a graph (dynamo) or recorded one (a CUDA graph of a new shape)
@@ -91,7 +109,7 @@ class StaticVerifier:
     def borrow(self, num_layers: int, batch: int, length: int) -> ManagedCache:
         """A cache of ``length`` slots for ``batch`` rows: a pooled one when free (its buffers and pointer keep
         their addresses, which CUDA graphs replay), else a new one (allocated by the prefill)."""
-        key = (batch, length, self.model.dtype)
+        key = (num_layers, batch, length, self.model.dtype)
         with self._lock:
             pool = self._free.get(key)
             cache = pool.pop() if pool else None
@@ -109,7 +127,9 @@ class StaticVerifier:
         """After the (eager) prefill: route the cache's writes through its pointer for static passes."""
         if cache.pointer is None:
             cache.pointer = torch.zeros((), dtype=torch.long, device=cache.layers[0].keys.device)
-            if self.pads:  # CUDA graphs replay fixed addresses: tell dynamo these never move (as StaticLayer does)
+            if self.raw_graphs:  # the cache's graphs: they write into its buffers, so they live and go with it
+                cache.graphs = PhaseGraphs(self.phase, capture=self.cuda)
+            elif self.pads:  # CUDA graphs replay fixed addresses: tell dynamo these never move (as StaticLayer does)
                 for layer in cache.layers:
                     torch._dynamo.mark_static_address(layer.keys)
                     torch._dynamo.mark_static_address(layer.values)
@@ -138,6 +158,8 @@ class StaticVerifier:
     # -- passes ------------------------------------------------------------------------------------------
     def __call__(self, hidden: bool, **inputs: Any) -> Any:
         """One static pass through the compiled model (eager if compiling failed)."""
+        if self.raw_graphs:
+            return self._replay(hidden, inputs)
         if self.failed is None:
             mask = inputs["attention_mask"]  # one mask, or one per layer type (sliding windows), all as wide
             slots = next(iter(mask.values())) if isinstance(mask, dict) else mask
@@ -160,3 +182,52 @@ class StaticVerifier:
                     self.compile_seconds += time.perf_counter() - start
                 return out
         return self.model(**inputs, output_hidden_states=hidden)
+
+    def _replay(self, hidden: bool, inputs: dict[str, Any]) -> Any:
+        """One static pass through the cache's raw graph of this shape (captured at its first pass)."""
+        name, cache = next((n, v) for n, v in inputs.items() if isinstance(v, ManagedCache))
+        ids, mask, positions = inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"]
+        args: list[Any] = [ids, mask, positions]
+        if self._takes_cache_position:  # older transformers derive it from the cache's host length: a graph would freeze it
+            args.append(cache.pointer + torch.arange(ids.shape[1], device=ids.device))
+        masks = mask.values() if isinstance(mask, dict) else [mask]
+        key = (tuple(ids.shape), tuple(tuple(m.shape) for m in masks), hidden)
+        model, graphs = (self.compiled if self.fuse else self.model), cache.graphs
+        made = graphs.graphs
+
+        def verify(ids: torch.Tensor, mask: Any, positions: torch.Tensor, *position: torch.Tensor) -> Any:
+            extra = {"cache_position": position[0]} if position else {}
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                        output_hidden_states=hidden, **{name: cache}, **extra)
+            return out.logits, (tuple(out.hidden_states) if hidden else ())
+
+        buffers = [cache.pointer, *(t for layer in cache.layers for t in (layer.keys, layer.values))]
+        try:
+            logits, states = graphs.run(key, verify, args, buffers)
+        except COMPILE_ERRORS as err:  # fuse: the compile failed (at a key's first pass): eager kernels from now on
+            if not self.fuse:
+                raise
+            self.fuse, graphs.failed = False, None
+            warnings.warn(f"torch.compile failed for the {self.phase} pass ({type(err).__name__}: {err}); its graphs "
+                          "capture the eager kernels", stacklevel=3)
+            return self._replay(hidden, inputs)
+        self.passes += 1
+        if graphs.graphs > made:
+            self.graphs += 1
+            self.capture_seconds.append(graphs.capture_seconds[-1])
+            self.compile_seconds += graphs.capture_seconds[-1]
+        if graphs.failed and self.failed is None:
+            self.failed = graphs.failed
+        return types.SimpleNamespace(logits=logits, hidden_states=states or None)
+
+
+def _forward_parameters(model: torch.nn.Module) -> set[str]:
+    """The keyword names ``model.forward`` takes (its inner model's too: a causal LM passes most on)."""
+    names: set[str] = set()
+    for module in (model, getattr(model, "model", None)):
+        if module is not None:
+            try:
+                names |= set(inspect.signature(module.forward).parameters)
+            except (TypeError, ValueError):
+                pass
+    return names
