@@ -21,6 +21,7 @@ from specdec.drafters.grammar import constrained_drafter
 from specdec.engine import speculative_generate
 from specdec.models import check_torch_for_transformers
 from specdec.runners.hf import CausalLMRunner
+from specdec.sizing.configs import max_positions
 from specdec.sizing.memory import check_count
 from specdec.stats import SpecStats
 from specdec.strategy import Strategy
@@ -161,12 +162,18 @@ class SpeculativeModel:
         their widest configuration; ``auto`` measures its cost curve first.
 
         Raises:
-            ValueError: ``max_new_tokens``, ``batch_size`` or a prompt length that is not a positive integer, or no
-                prompt lengths (checked with or without ``compile_verifier``).
+            ValueError: ``max_new_tokens``, ``batch_size`` or a prompt length that is not a positive integer, no
+                prompt lengths, or a prompt length plus ``max_new_tokens`` past the model's positions (checked with or
+                without ``compile_verifier``, before anything compiles).
             specdec.sizing.PlanError: a primed shape whose caches would not fit, as ``generate`` would refuse that
                 call; checked for every shape before any is primed.
         """
         lengths = _prompt_lengths(max_new_tokens, prompt_lengths, batch_size)
+        positions = max_positions(self.model.config)
+        if positions is not None and lengths[-1] + max_new_tokens > positions:
+            raise ValueError(f"prime_verifier: a prompt of {lengths[-1]} tokens plus max_new_tokens={max_new_tokens} "
+                             f"passes the model's {positions} positions (max_position_embeddings): no call can have "
+                             "that length")
         k = self._k(num_draft_tokens)
         if not self.compile_verifier:
             return 0.0

@@ -164,6 +164,7 @@ def test_prime_verifier_refuses_bad_arguments_in_one_line(model, args, expected,
 def test_prime_verifier_checks_memory_per_shape_before_priming_any(model, monkeypatch):
     """A 200,000-position prompt needs a cache far over a 4 MiB budget: refused as generate would refuse the call,
     before any shape (the small one included) is primed."""
+    monkeypatch.setattr(model.config, "max_position_embeddings", 1 << 20)  # the positions allow it: memory refuses
     spec = specdec.SpeculativeModel(model, "prompt-lookup", compile_verifier={"backend": "eager"},
                                     memory_budget="4MiB")
     primed = []
@@ -174,6 +175,22 @@ def test_prime_verifier_checks_memory_per_shape_before_priming_any(model, monkey
     with pytest.raises(PlanError):  # the same call, as generate sees it
         spec.generate(torch.ones(1, 200_000, dtype=torch.long), max_new_tokens=8)
     assert spec.prime_verifier(8, [4, 6]) == 0.0 and len(primed) == 1
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_prime_verifier_refuses_a_length_past_the_models_positions_at_once(model, compiled, monkeypatch):
+    """Issue 59 item 2: a prompt longer than the model's positions is a one-line error before anything compiles."""
+    compile_verifier = {"backend": "eager"} if compiled else False
+    spec = specdec.SpeculativeModel(model, "prompt-lookup", compile_verifier=compile_verifier)
+    # refused before the memory plan and before any shape is primed (nothing compiles: no time spent)
+    monkeypatch.setattr(spec.strategy, "for_call", lambda *a, **k: pytest.fail("planned"))
+    monkeypatch.setattr(spec.verifier, "prime_static", lambda *a, **k: pytest.fail("primed"))
+    positions = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"passes the model's {positions} positions") as error:
+        spec.prime_verifier(8, [4, 10 ** 6])
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="plus max_new_tokens=9 passes"):  # the new tokens count too
+        spec.prime_verifier(9, [positions - 8])
 
 
 # ---- 3. a head config with an empty layer list ------------------------------------------------------------------

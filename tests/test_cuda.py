@@ -211,10 +211,6 @@ def test_a_chain_pass_syncs_once_on_cuda(draft, lengths):
     pass makes one (the read of the accepted counts and tokens), as ``HostTrace`` counts on a CPU
     (tests/test_host_syncs.py). ``eagle-region``: the head's fixed-shape draft region, eager (no compile);
     ``*-graphs``: every phase replayed from raw CUDA graphs (verify pass, head chain or model-drafter steps)."""
-    import warnings
-
-    from specdec.chains import ChainPlan
-
     model = make_model("llama").to("cuda")
     drafter = _random_eagle3(model) if draft.startswith("eagle") else _draft(draft.removesuffix("-graphs"), model)
     if draft == "eagle-region":
@@ -224,6 +220,18 @@ def test_a_chain_pass_syncs_once_on_cuda(draft, lengths):
     ids, mask = _left_padded(lengths, "cuda")
     kwargs = dict(attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
     spec.generate(ids, **kwargs)  # warm: allocations, lazy initialisation
+    per_pass, messages, out = _sync_warnings_per_pass(spec, ids, kwargs)
+    assert len(per_pass) >= 4 and max(per_pass[:-2]) <= 1, (per_pass, messages)  # the steady passes
+    assert torch.equal(out, model.generate(ids, **kwargs))
+
+
+def _sync_warnings_per_pass(spec, ids, kwargs) -> tuple[list[int], list[str], torch.Tensor]:
+    """One call under ``set_sync_debug_mode("warn")``: the warnings of each pass (from one ``propose`` to the next,
+    the last pass to the call's end), the first messages, and the output."""
+    import warnings
+
+    from specdec.chains import ChainPlan
+
     starts, propose = [], ChainPlan.propose
 
     def marked(self, *args, **kw):
@@ -241,6 +249,43 @@ def test_a_chain_pass_syncs_once_on_cuda(draft, lengths):
                 torch.cuda.set_sync_debug_mode("default")
     finally:
         ChainPlan.propose = propose
-    per_pass = [b - a for a, b in zip(starts, starts[1:])]
-    assert len(per_pass) >= 3 and max(per_pass[:-1]) <= 1, (per_pass, [str(w.message)[:120] for w in caught][:8])
+    per_pass = [b - a for a, b in zip(starts, starts[1:] + [len(caught)])]
+    return per_pass, [str(w.message)[:120] for w in caught][:8], out
+
+
+def test_an_upload_from_host_lists_never_syncs_on_cuda():
+    """``specdec.transfer.upload`` (a host list, pinned, copied without blocking): what a dispatch-level count of
+    "tensors built from host lists" sees on every pass with a retiring row, and not a sync: under
+    ``set_sync_debug_mode("error")`` a blocking call would raise (issue 59 item 3)."""
+    from specdec.transfer import upload
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for values in ([1, 2, 3], [[0, 1], [2, 3]], [7]):
+            t = upload(values, torch.long, "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert t.device.type == "cuda" and t.tolist() == [7]
+
+
+@pytest.mark.parametrize("draft", [SELF, COMPOSITE, "prompt-lookup", "eagle"])
+def test_a_retiring_ragged_batch_syncs_once_every_pass_on_cuda(draft):
+    """Prompts of 3, 17 and 9 tokens, one row stopping early at an EOS: every pass, those after which a row leaves
+    included, waits for the GPU once (``set_sync_debug_mode("warn")``), as HostTrace counts on a CPU."""
+    model = make_model("llama").to("cuda")
+    drafter = _random_eagle3(model) if draft == "eagle" else _draft(draft, model)
+    spec = specdec.SpeculativeModel(model, drafter, num_draft_tokens=4)
+    ids, mask = _left_padded([3, 17, 9], "cuda")
+    ref = model.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=0, eos_token_id=None)
+    rows = ref[:, ids.shape[1]:].tolist()
+    eos = next((t for r, row in enumerate(rows) for i, t in enumerate(row[4:12], start=4)
+                if t not in row[:i] and all(t not in other for o, other in enumerate(rows) if o != r)), None)
+    if eos is None:
+        pytest.skip("no token ends one row alone early")
+    kwargs = dict(attention_mask=mask, max_new_tokens=40, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    spec.generate(ids, **kwargs)  # warm
+    per_pass, messages, out = _sync_warnings_per_pass(spec, ids, kwargs)
+    assert len(per_pass) >= 3 and max(per_pass) <= 1, (per_pass, messages)
     assert torch.equal(out, model.generate(ids, **kwargs))
+

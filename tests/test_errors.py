@@ -41,6 +41,7 @@ USER_FACING = [
     ("specdec.eval.json_schema", "SchemaError", ValueError),
     ("specdec.quant.schemes", "UnknownSchemeError", ValueError),
     ("specdec.quant.schemes", "UnsupportedSchemeError", ValueError),
+    ("specdec.quant.schemes", "OffloadedModelError", ValueError),
     ("specdec.models", "ModelNotFoundError", FileNotFoundError),
     ("specdec.models", "MissingDependencyError", FileNotFoundError),
     ("specdec.models", "TorchTooOldError", ImportError),

@@ -34,6 +34,13 @@ def truncated_model(model: torch.nn.Module, num_layers: int) -> torch.nn.Module:
     total = int(config.num_hidden_layers)
     check_layer_count(num_layers, total)
     path = _decoder_layers_path(model, total)
+    hooked = [name for name in ["", *(".".join(path[: i + 1]) for i in range(len(path) - 1))]
+              if hasattr(model.get_submodule(name), "_hf_hook")]
+    if hooked:  # accelerate's forward wrapper is bound to the original module: a view of it would run every layer
+        raise DraftSpecError(f"layer-skip:{num_layers} cannot draft with the first layers of a model that accelerate "
+                             f"dispatched (device_map; hooked: {hooked[0] or type(model).__name__}): its hooks run the "
+                             "whole model. Load it without device_map, or draft with prompt-lookup, suffix or a "
+                             "separate draft model")
     small_config = copy.deepcopy(config)
     small_config.num_hidden_layers = num_layers
     if getattr(small_config, "layer_types", None):

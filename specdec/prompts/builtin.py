@@ -7,6 +7,8 @@
 - ``revise-loop``: 10 tasks x 4 rounds (``<task>-r<round>``, group ``revise``); round r quotes the embedded model's
   own greedy answer to round r - 1 (chat template, 64 new tokens) and asks it to improve it: the workload of suffix
   decoding's cross-call cache (docs/suffix.md). Built by ``benchmarks/revise_loop_prompts.py``.
+- ``yaml-series``: 16 calls asking for the same YAML keys about a different item each (group ``yaml``), in order:
+  outputs share their structure across calls. Built by ``benchmarks/yaml_series_prompts.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 _DATA = Path(__file__).resolve().parent / "data"
 
 #: name -> file under specdec/prompts/data
-BUILTIN_SETS = {"json-schema": "json_schema.jsonl", "revise-loop": "revise_loop.jsonl"}
+BUILTIN_SETS = {"json-schema": "json_schema.jsonl", "revise-loop": "revise_loop.jsonl", "yaml-series": "yaml_series.jsonl"}
 
 
 def builtin_set(name: str) -> Path | None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .schemes import (
     SCHEMES,
+    OffloadedModelError,
     ParsedScheme,
     SchemeInfo,
     UnknownSchemeError,
@@ -35,6 +36,7 @@ from .schemes import (
 if TYPE_CHECKING:
     from .core import QuantInfo, available_schemes, quantize, scheme_backend
     from .grid import GRID_BOUND_NOTE, GRID_TOLERANCE, WeightError, dequantize_weight, weight_error
+    from .backends import int8_dynamic_packing
     from .memory import model_bytes
 
 #: public name -> submodule that defines it (imported on first access: it imports torch)
@@ -42,12 +44,13 @@ _LAZY = {
     "QuantInfo": ".core", "available_schemes": ".core", "quantize": ".core", "scheme_backend": ".core",
     "GRID_BOUND_NOTE": ".grid", "GRID_TOLERANCE": ".grid", "WeightError": ".grid",
     "dequantize_weight": ".grid", "weight_error": ".grid",
-    "model_bytes": ".memory",
+    "model_bytes": ".memory", "int8_dynamic_packing": ".backends",
 }
 
 __all__ = [
     "GRID_BOUND_NOTE",
     "GRID_TOLERANCE",
+    "OffloadedModelError",
     "SCHEMES",
     "ParsedScheme",
     "QuantInfo",
@@ -57,6 +60,7 @@ __all__ = [
     "WeightError",
     "available_schemes",
     "dequantize_weight",
+    "int8_dynamic_packing",
     "model_bytes",
     "parse_scheme",
     "quantize",

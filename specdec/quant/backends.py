@@ -102,6 +102,14 @@ def _dynamic_engine() -> tuple[str | None, str | None]:
                   "no exact engine is available; use int8")
 
 
+def int8_dynamic_packing() -> str | None:
+    """The quantized engine ``int8-dynamic`` copies are packed for on this CPU (``"qnnpack"`` where torch's current
+    engine saturates 8-bit activations: AVX2 without VNNI), or ``None`` where no exact engine exists. QNNPACK keeps
+    a float32 bias of every output row inside its packed weights; the planner counts it
+    (:func:`specdec.sizing.copy_weight_bytes`, ``int8_packing``)."""
+    return _dynamic_engine()[0]
+
+
 def _dynamic_qconfig():
     from torch.ao import quantization as q
 

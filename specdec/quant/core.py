@@ -9,7 +9,7 @@ from torch import nn
 
 from ._copy import cast_output_hook, convert_tensors, shared_copy
 from .backends import BACKENDS, Target
-from .schemes import SCHEMES, ParsedScheme, UnsupportedSchemeError, device_type, parse_scheme
+from .schemes import SCHEMES, OffloadedModelError, ParsedScheme, UnsupportedSchemeError, device_type, parse_scheme
 
 #: plain dtype schemes (from the scheme table): no backend module, just a cast of every floating parameter
 _DTYPE_SCHEMES = {name: getattr(torch, info.cast_dtype) for name, info in SCHEMES.items() if info.cast_dtype}
@@ -110,12 +110,19 @@ def quantize(
         UnknownSchemeError: the scheme name is not registered (the message lists valid ones).
         UnsupportedSchemeError: no working backend for this scheme on this device (the message
             names the alternatives that work there).
+        OffloadedModelError: ``model``'s weights are offloaded by accelerate (on the meta device).
 
     Logits come out in the head's dtype: bf16 for ``bf16``, ``int8``, ``int8-weight-only``,
     ``int4`` and the bitsandbytes 4-bit schemes on CPU; float32 for ``fp32``, ``int8-dynamic``
     and ``+head`` on an fp32 model. Compare them with ``.float()``.
     """
     parsed = parse_scheme(scheme)
+    offloaded = sum(p.device.type == "meta" for p in model.parameters())
+    if offloaded:
+        raise OffloadedModelError(
+            f"cannot make a {parsed.canonical()!r} copy of a model whose weights accelerate offloaded ({offloaded} of "
+            f"{sum(1 for _ in model.parameters())} parameters on the meta device, from a device_map with CPU or disk "
+            "offload): load it without offload, or draft with prompt-lookup, suffix or a separate draft model")
     dev = _resolve_device(model, device)
     dt = dev.type
     why = _unavailable(parsed, dt)

@@ -33,6 +33,11 @@ class UnknownSchemeError(SpecdecError, ValueError):
     """Raised for a scheme name that is not registered; the message lists the valid ones."""
 
 
+class OffloadedModelError(SpecdecError, ValueError):
+    """Raised for a quantized copy of a model whose weights accelerate offloaded (``device_map`` with CPU or disk
+    offload leaves them on the meta device, loaded by hooks at each forward): there is nothing to copy."""
+
+
 class UnsupportedSchemeError(SpecdecError, ValueError):
     """Raised when a scheme has no working backend on the requested device.
 

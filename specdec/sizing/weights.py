@@ -269,7 +269,8 @@ def weight_bytes(config: ConfigLike, dtype: Any = "bfloat16", quant: str | Quant
     return int(total)
 
 
-def copy_weight_bytes(config: ConfigLike, dtype: Any, quant: str | QuantScheme | None, device: Any = "cpu") -> int:
+def copy_weight_bytes(config: ConfigLike, dtype: Any, quant: str | QuantScheme | None, device: Any = "cpu",
+                      int8_packing: str | None = None) -> int:
     """Bytes a quantized *copy* of a model loaded in ``dtype`` adds beside the original, the way
     :func:`specdec.quant.quantize` builds it on ``device``: the copy shares the embedding table (and
     every tensor the scheme leaves unchanged) with the source; only converted or quantized tensors
@@ -277,6 +278,11 @@ def copy_weight_bytes(config: ConfigLike, dtype: Any, quant: str | QuantScheme |
 
     Norms, biases and routers are new tensors only when the scheme computes in another dtype than
     the source (``bf16``, ``int4``, ``nf4`` copies of an fp32 model). Buffers are not counted.
+
+    ``int8_packing``: the engine ``int8-dynamic`` packs for (:func:`specdec.quant.int8_dynamic_packing`; this
+    module imports no torch, so the caller asks). ``"qnnpack"`` (CPUs without VNNI) keeps a float32 bias of every
+    output row in each packed matrix, the head's included; the default counts fbgemm / oneDNN's layout, which
+    shares the model's biases.
     """
     scheme = parse_quant(quant, device)
     if scheme is None:
@@ -293,6 +299,9 @@ def copy_weight_bytes(config: ConfigLike, dtype: Any, quant: str | QuantScheme |
         return blocks + head + _converted_small(other, dtype, scheme.dtype)
     blocks = sum(scheme.linear_bytes(l.in_features, l.out_features) * l.count for l in linears)
     head = scheme.head_bytes(a.hidden, a.vocab) if scheme.quantize_head else 0
+    if int8_packing == "qnnpack" and scheme.name.split("+")[0] == "int8-dynamic":  # a float32 bias per output row
+        blocks += 4 * sum(l.out_features * l.count for l in linears)
+        head += 4 * a.vocab if scheme.quantize_head and scheme.head is None else 0
     return blocks + head + _converted_small(other, dtype, scheme.compute_dtype)
 
 
