@@ -129,12 +129,22 @@ def _graph_figures(spec: Any, head: Any = None) -> dict[str, Any]:
     figures: dict[str, Any] = {"graphs": static.graphs if static else 0,
                                "capture_seconds": [round(s, 3) for s in (static.capture_seconds if static else [])],
                                "capture_failed": static.failed if static else None}
+    # the GPU's own time per replay of the widest graph of each phase: a pass's ms beyond them is the host's
+    verify = [c.graphs for caches in (static._free.values() if static else []) for c in caches if hasattr(c, "graphs")]
+    figures["verify_replay_ms"] = _widest_replay_ms(verify)
     if head is not None and head._graph_caches is not None:
         drafts = [c.graphs for caches in head._graph_caches.values() for c in caches]
         figures.update(draft_graphs=sum(g.graphs for g in drafts),
                        draft_capture_seconds=[round(s, 3) for g in drafts for s in g.capture_seconds],
-                       draft_capture_failed=next((g.failed for g in drafts if g.failed), None))
+                       draft_capture_failed=next((g.failed for g in drafts if g.failed), None),
+                       draft_replay_ms=_widest_replay_ms(drafts))
     return figures
+
+
+def _widest_replay_ms(graphs: list[Any]) -> float | None:
+    """ms per replay of the graph with the longest replay among ``graphs`` (None without real graphs: a CPU)."""
+    times = [ms for g in graphs for ms in g.replay_ms().values()]
+    return round(max(times), 3) if times else None
 
 
 def _ratios(rows: list[dict[str, Any]], baselines: dict[str, Any]) -> None:

@@ -90,25 +90,16 @@ class SpeculativeModel:
                  compile_verifier: bool | str | dict[str, Any] = False) -> None:
         _check_k(num_draft_tokens)
         check_torch_for_transformers()  # one line, not a missing model class, where transformers disabled torch
-        if not isinstance(compile_verifier, (bool, dict)) and compile_verifier != "graphs":
-            raise ValueError(f"compile_verifier must be a bool, 'graphs' or a dict of torch.compile options, "
-                             f"got {compile_verifier!r}")
-        if compile_drafter not in (True, False, "graphs"):
-            raise ValueError(f"compile_drafter must be a bool or 'graphs', got {compile_drafter!r}")
+        static_options = _static_options(compile_verifier, compile_drafter)
         self.model, self.tokenizer, self.num_draft_tokens = model, tokenizer, num_draft_tokens
         self.draft_name = draft if isinstance(draft, str) else type(draft).__name__  # what reports call the drafter
         self.verifier = CausalLMRunner(model, role="verifier")
         self.compile_verifier = compile_verifier is not False
         if self.compile_verifier:
-            self.verifier.compile_static({"backend": "graphs"} if compile_verifier == "graphs"
-                                         else compile_verifier if isinstance(compile_verifier, dict) else None)
+            self.verifier.compile_static(static_options)
         self.drafter: Drafter = resolve_drafter(draft, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
-        if compile_drafter == "graphs":
-            self.drafter.compile_graphs()  # raises, naming the drafter, where there is nothing to capture
-        elif compile_drafter:
-            if not self.drafter.compilable:
-                raise ValueError(f"compile_drafter: {type(self.drafter).__name__} has no model to compile")
-            self.drafter.compile()
+        if compile_drafter:
+            _compile_drafter(self.drafter, compile_drafter)
         self.strategy = Strategy(model, self.verifier, self.drafter, adaptive=adaptive, tree=tree, tree_cost=tree_cost,
                                  tree_draft_step=tree_draft_step, memory_budget=memory_budget, max_k=num_draft_tokens)
         self.last_stats: SpecStats | None = None
@@ -197,6 +188,27 @@ class SpeculativeModel:
         k = self.num_draft_tokens if num_draft_tokens is None else num_draft_tokens
         _check_k(k)
         return k
+
+
+def _static_options(compile_verifier: Any, compile_drafter: Any) -> dict[str, Any] | None:
+    """The two ``compile_*`` arguments checked; ``compile_verifier``'s options for ``compile_static``."""
+    if not isinstance(compile_verifier, (bool, dict)) and compile_verifier != "graphs":
+        raise ValueError(f"compile_verifier must be a bool, 'graphs' or a dict of torch.compile options, "
+                         f"got {compile_verifier!r}")
+    if compile_drafter not in (True, False, "graphs"):
+        raise ValueError(f"compile_drafter must be a bool or 'graphs', got {compile_drafter!r}")
+    return {"backend": "graphs"} if compile_verifier == "graphs" else \
+        compile_verifier if isinstance(compile_verifier, dict) else None
+
+
+def _compile_drafter(drafter: Drafter, how: bool | str) -> None:
+    """``compile_drafter``: raw CUDA graphs (``"graphs"``) or ``torch.compile``; a drafter without either says so."""
+    if how == "graphs":
+        drafter.compile_graphs()  # raises, naming the drafter, where there is nothing to capture
+        return
+    if not drafter.compilable:
+        raise ValueError(f"compile_drafter: {type(drafter).__name__} has no model to compile")
+    drafter.compile()
 
 
 def _prompt_lengths(max_new_tokens: int, prompt_lengths: Iterable[int], batch_size: int) -> list[int]:

@@ -10,6 +10,7 @@ commit, since the verifier's real features replace them (as in EAGLE).
 
 from __future__ import annotations
 
+import copy
 import threading
 import types
 import warnings
@@ -68,6 +69,10 @@ class EagleDrafter(Drafter):
         #: compile_graphs(): free head caches per (batch, slots), each with its captured graphs (None: no capture)
         self._graph_caches: dict[tuple, list[HeadCache]] | None = None
         self._pooled = False  # this call's cache came from (and goes back to) that pool
+        # compile_graphs(): the buffer row of each active row once rows retired (None: every buffer row is active); the
+        # head cache keeps the retired rows as dummies, so the captured region keeps its shape and addresses
+        self._live: torch.Tensor | None = None
+        self._spare: HeadCache | None = None  # a pooled cache set aside after its rows were copied out (see _leave_pool)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, verifier: Any) -> "EagleDrafter":
@@ -156,7 +161,7 @@ class EagleDrafter(Drafter):
         self._cache = self._borrow(batch, slots) if self._graph_caches is not None else \
             HeadCache(len(self.head.decoder_layers), batch, slots, c.num_key_value_heads, c.head_dim, p.dtype, p.device)
         self._pads_t = upload(pads, torch.long, p.device) if self.static_draft else None
-        self._fed_hidden, self._steps = None, 1
+        self._fed_hidden, self._steps, self._live = None, 1, None
         self._pending = [hidden[b, pad:] for b, pad in enumerate(pads)]
         self._pending_counts = None
         self._committed = self._cache.lengths.clone()
@@ -165,6 +170,7 @@ class EagleDrafter(Drafter):
 
     def _feed_pending(self, rows: Rows) -> torch.Tensor:
         """Feed every row's pending (feature, next token) pairs in one pass; the output after each row's last."""
+        self._compact()
         cache, counts, lengths = self._cache, [len(p) for p in self._pending], self._lengths
         width, device = max(counts), cache.lengths.device
         feats = torch.zeros(len(rows), width, self._pending[0].shape[-1], dtype=self._pending[0].dtype, device=device)
@@ -239,13 +245,16 @@ class EagleDrafter(Drafter):
     def _propose_static(self, rows: Rows, k: int, steps: int) -> DraftChain:
         """:meth:`propose` through the fixed-shape region: the feed padded to ``steps + 1``, ``steps`` drafts of which
         the first ``k`` are proposed. Outputs are copied: a replayed graph reuses its output memory."""
-        cache, width = self._cache, steps + 1
+        cache, width, live = self._cache, steps + 1, self._live
         feats = torch.nn.functional.pad(self._fed_hidden, (0, 0, 0, width - self._fed_hidden.shape[1]))
-        at = (self._pads_t + cache.lengths + 1).unsqueeze(1) + torch.arange(width, device=cache.lengths.device)
+        mine = cache.lengths if live is None else cache.lengths[live]  # the active rows' lengths
+        at = (self._pads_t + mine + 1).unsqueeze(1) + torch.arange(width, device=cache.lengths.device)
         tokens = rows.tokens.gather(1, at.clamp(max=rows.tokens.shape[1] - 1))  # each fed feature's next token
         with torch.no_grad():
             if self._graph_caches is not None:
                 drafts, lengths = self._draft_graphed(steps, tokens, feats)
+                if live is not None:
+                    drafts = drafts[live]
             else:
                 drafts, lengths = self._call(self._chain_region(steps), draft_chain, self.head, cache.keys, cache.values,
                                              cache.lengths, tokens, feats, self._pending_counts, steps)
@@ -271,15 +280,46 @@ class EagleDrafter(Drafter):
         return cache
 
     def _draft_graphed(self, steps: int, tokens: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The region through the cache's graph for (``steps``, shapes): captured at first use, replayed after."""
+        """The region through the cache's graph for (``steps``, shapes): captured at first use, replayed after. With
+        retired rows, the active rows' inputs are placed at their buffer rows and the dummies feed one filler token
+        from slot 0 (their slots are never read), so the batch, hence the graph, stays the call's first."""
         cache, head = self._cache, self.head
         keys, values = cache.keys, cache.values
+        lengths, counts = cache.lengths, self._pending_counts
+        if self._live is not None:
+            live, batch = self._live, cache.lengths.shape[0]
+            tokens = tokens.new_zeros((batch, *tokens.shape[1:])).index_copy_(0, live, tokens)
+            feats = feats.new_zeros((batch, *feats.shape[1:])).index_copy_(0, live, feats)
+            counts = counts.new_ones(batch).index_copy_(0, live, counts)
+            lengths = torch.zeros_like(lengths).index_copy_(0, live, lengths[live])
 
         def draft(lengths: torch.Tensor, tokens: torch.Tensor, feats: torch.Tensor, counts: torch.Tensor) -> Any:
             return draft_chain(head, keys, values, lengths, tokens, feats, counts, steps)
 
         key = (steps, tuple(tokens.shape), tuple(feats.shape), feats.dtype)
-        return cache.graphs.run(key, draft, (cache.lengths, tokens, feats, self._pending_counts), [*keys, *values])
+        return cache.graphs.run(key, draft, (lengths, tokens, feats, counts), [*keys, *values])
+
+    def _compact(self) -> None:
+        """Before an eager pass: drop the retired dummy rows from the head cache (new buffers: its graphs go)."""
+        if self._live is None:
+            return
+        self._leave_pool(self._live)
+        self._committed = self._committed.index_select(0, self._live)
+        self._live = None
+
+    def _leave_pool(self, rows: torch.Tensor) -> None:
+        """Go on with a copy of buffer ``rows`` of the head cache (its graphs start empty); a pooled cache is kept
+        aside, buffers and graphs untouched, and goes back to the pool at :meth:`finish`."""
+        if not self._pooled:
+            self._cache.keep_rows(rows)
+            if self._graph_caches is not None:
+                self._cache.graphs = PhaseGraphs("draft", capture=True)
+            return
+        pooled, small = self._cache, copy.copy(self._cache)
+        small.keys = [k.index_select(0, rows) for k in pooled.keys]
+        small.values = [v.index_select(0, rows) for v in pooled.values]
+        small.lengths, small.graphs = pooled.lengths.index_select(0, rows), PhaseGraphs("draft", capture=True)
+        self._spare, self._cache, self._pooled = pooled, small, False
 
     def _chain_region(self, steps: int) -> str:
         """The name of the compiled region drafting ``steps`` (compiled at first use; nothing once compiling failed).
@@ -295,6 +335,7 @@ class EagleDrafter(Drafter):
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
         """A static or dynamic tree (EAGLE-2): each depth's frontier runs through the head in one pass, each
         node attending to the committed slots and its own ancestors; the slots go at the next commit."""
+        self._compact()
         with torch.no_grad():
             out = self._feed_pending(rows)[:, -1]  # [B, H]: the output that predicts the first draft
             self._committed = base = self._cache.lengths.clone()
@@ -340,9 +381,19 @@ class EagleDrafter(Drafter):
     def keep_rows(self, indices: torch.Tensor) -> None:
         index = indices.tolist()  # host data (the engine's index): uploaded once, without blocking
         on_device = upload(index, torch.long, self._committed.device)
-        self._cache.keep_rows(on_device)
-        if self._pooled:  # new buffers: the pooled cache's graphs no longer apply; this one gets its own
-            self._cache.graphs, self._pooled = PhaseGraphs("draft", capture=True), False
+        if self._pooled and self._fed_hidden is not None:  # captured drafts: the leaving rows stay as dummies
+            live = self._live if self._live is not None else torch.arange(len(self._lengths), device=on_device.device)
+            self._live = live.index_select(0, on_device)
+            self._fed_hidden = self._fed_hidden.index_select(0, on_device)
+            self._pending_counts = None if self._pending_counts is None else \
+                self._pending_counts.index_select(0, on_device)
+            self._pending = [self._pending[i] for i in index]
+            self._lengths = [self._lengths[i] for i in index]
+            self._committed_lengths = [self._committed_lengths[i] for i in index]
+            self._pads_t = self._pads_t.index_select(0, on_device)
+            return
+        self._compact()
+        self._leave_pool(on_device)  # new buffers: a pooled cache's graphs no longer apply; this one gets its own
         self._committed = self._committed.index_select(0, on_device)
         self._lengths = [self._lengths[i] for i in index]
         self._committed_lengths = [self._committed_lengths[i] for i in index]
@@ -353,12 +404,13 @@ class EagleDrafter(Drafter):
             self._pending_counts, self._fed_hidden = None, None
 
     def finish(self) -> None:
-        if self._pooled and self._cache is not None:
+        pooled = self._cache if self._pooled else self._spare
+        if pooled is not None:
             with _POOL_LOCK:
-                self._graph_caches.setdefault((self._cache.lengths.shape[0], self._cache.slots), []).append(self._cache)
-        self._pooled = False
+                self._graph_caches.setdefault((pooled.lengths.shape[0], pooled.slots), []).append(pooled)
+        self._pooled, self._spare = False, None
         self._cache, self._pending, self._committed, self._pending_counts = None, [], None, None
-        self._fed_hidden, self._pads_t = None, None
+        self._fed_hidden, self._pads_t, self._live = None, None, None
 
 
 def _head_pass(head: EagleHead, tokens: torch.Tensor, feats: torch.Tensor, own: bool, kv: Any) -> torch.Tensor:

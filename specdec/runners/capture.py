@@ -15,10 +15,11 @@ buffers and copies its outputs into buffers kept from the first call, so a calle
 pass sees it change on a CPU as on a GPU. The stand-in also asserts what a graph relies on: every buffer the phase
 reads or writes keeps its ``data_ptr`` from the first pass to the last, and each key's shapes never change. Where
 a long-lived buffer it is given (a cache) did move, on either path, the key is made again and counted in
-:attr:`PhaseGraphs.recaptures` (the tests expect none), so a graph never writes into a buffer that is gone. With :data:`PROVE` set (tests), every key's function runs through
-``torch.compile(fullgraph=True, dynamic=False)`` with dynamo's eager backend, one compiled copy per key, so a
-graph break or a guard that fails on a later pass (a recompile: ``fail_on_recompile``) is an error on a CPU, where a capture would have
-baked in a stale value.
+:attr:`PhaseGraphs.recaptures` (the tests expect none), so a graph never writes into a buffer that is gone.
+
+With :data:`PROVE` set (tests), every key's function runs through ``torch.compile(fullgraph=True, dynamic=False)``
+with dynamo's eager backend, one compiled copy per key, so a graph break or a guard that fails on a later pass (a
+recompile: ``fail_on_recompile``) is an error on a CPU, where a capture would have baked in a stale value.
 
 A phase is captured only for work that is the same every replay: no host read, no upload from host data, no
 random draw (greedy drafting and verification only).
@@ -136,6 +137,24 @@ class PhaseGraphs:
             return entry.outputs
         self._check_pointers(key, entry)
         return self._stand_in(entry)
+
+    def replay_ms(self, repeats: int = 20) -> dict[Hashable, float]:
+        """Milliseconds per replay of each captured graph, alone (CUDA events, after a synchronize): what the GPU
+        spends in the phase, against which a pass's time shows the host's share. Replays rewrite what the last
+        call wrote (the same inputs). Empty on the stand-in."""
+        timings: dict[Hashable, float] = {}
+        for key, entry in self._entries.items():
+            if entry.graph is None:
+                continue
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            entry.graph.replay()
+            start.record()
+            for _ in range(repeats):
+                entry.graph.replay()
+            end.record()
+            end.synchronize()
+            timings[key] = start.elapsed_time(end) / repeats
+        return timings
 
     def clear(self) -> None:
         """Drop every graph and buffer (their memory returns to the pool)."""
