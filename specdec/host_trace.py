@@ -153,11 +153,16 @@ class HostTrace:
     def _now(self) -> PassRecord:
         return self.records[-1]
 
+    @property
+    def _region(self) -> str:
+        """The innermost open region (``other`` outside any)."""
+        return self._regions[-1] if self._regions else "other"
+
     def _sync(self, what: str) -> None:
         if self._quiet:
             return
         self._now.syncs.append((what, self._site() if self.sites else ""))
-        self._now.region_syncs[self._regions[-1] if self._regions else "other"] += 1
+        self._now.region_syncs[self._region] += 1
 
     def _site(self) -> str:
         for frame in reversed(traceback.extract_stack()[:-3]):
@@ -179,7 +184,7 @@ class HostTrace:
             self._sync(name.removeprefix("aten::"))
         if func.is_view or name in ("aten::detach", "aten::lift_fresh"):
             return
-        region = self._regions[-1] if self._regions else "other"
+        region = self._region
         self._now.ops[region] += 1
         if region in self.signatures:
             self._now.trace.setdefault(region, []).append((name, *_shapes(args)))
@@ -211,7 +216,7 @@ class HostTrace:
                 (getattr(self_, "_host_mirror", False) or self_.device != torch.device(target))
             if moves and kwargs.get("non_blocking", False):
                 trace._now.uploads += 1
-                trace._now.region_syncs[trace._regions[-1] if trace._regions else "other"] += 1
+                trace._now.region_syncs[trace._region] += 1
             elif moves:
                 trace._sync("Tensor.to(device)")
             return tensor_to(self_, *args, **kwargs)

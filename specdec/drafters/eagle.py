@@ -385,23 +385,20 @@ class EagleDrafter(Drafter):
             live = self._live if self._live is not None else torch.arange(len(self._lengths), device=on_device.device)
             self._live = live.index_select(0, on_device)
             self._fed_hidden = self._fed_hidden.index_select(0, on_device)
-            self._pending_counts = None if self._pending_counts is None else \
-                self._pending_counts.index_select(0, on_device)
-            self._pending = [self._pending[i] for i in index]
-            self._lengths = [self._lengths[i] for i in index]
-            self._committed_lengths = [self._committed_lengths[i] for i in index]
-            self._pads_t = self._pads_t.index_select(0, on_device)
-            return
-        self._compact()
-        self._leave_pool(on_device)  # new buffers: a pooled cache's graphs no longer apply; this one gets its own
-        self._committed = self._committed.index_select(0, on_device)
+            if self._pending_counts is not None:
+                self._pending_counts = self._pending_counts.index_select(0, on_device)
+        else:
+            self._compact()
+            self._leave_pool(on_device)  # new buffers: a pooled cache's graphs no longer apply; this one gets its own
+            self._committed = self._committed.index_select(0, on_device)
+            if self._pending:
+                self._pending_counts, self._fed_hidden = None, None
         self._lengths = [self._lengths[i] for i in index]
         self._committed_lengths = [self._committed_lengths[i] for i in index]
         if self._pads_t is not None:
             self._pads_t = self._pads_t.index_select(0, on_device)
         if self._pending:
             self._pending = [self._pending[i] for i in index]
-            self._pending_counts, self._fed_hidden = None, None
 
     def finish(self) -> None:
         pooled = self._cache if self._pooled else self._spare

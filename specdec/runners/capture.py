@@ -12,10 +12,10 @@ vLLM's CUDA-graph runners do (docs/design.md, "Captured phases"):
 
 Everywhere else (a CPU; CUDA with capture off) the *stand-in* runs the same function eagerly over the same static
 buffers and copies its outputs into buffers kept from the first call, so a caller that holds an output across a
-pass sees it change on a CPU as on a GPU. The stand-in also asserts what a graph relies on: every buffer the phase
-reads or writes keeps its ``data_ptr`` from the first pass to the last, and each key's shapes never change. Where
-a long-lived buffer it is given (a cache) did move, on either path, the key is made again and counted in
-:attr:`PhaseGraphs.recaptures` (the tests expect none), so a graph never writes into a buffer that is gone.
+pass sees it change on a CPU as on a GPU. On either path a key's input shapes must never change (a
+:class:`CaptureError`), and where a long-lived buffer it is given (a cache) moved, the key is made again and counted
+in :attr:`PhaseGraphs.recaptures` (the tests expect none), so a graph never writes into a buffer that is gone; the
+static input buffers are the key's own, so they cannot move.
 
 With :data:`PROVE` set (tests), every key's function runs through ``torch.compile(fullgraph=True, dynamic=False)``
 with dynamo's eager backend, one compiled copy per key, so a graph break or a guard that fails on a later pass (a
@@ -31,6 +31,7 @@ import gc
 import threading
 import time
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
@@ -73,15 +74,14 @@ class _Entry:
     out_flat: list[torch.Tensor] = field(default_factory=list)
     graph: Any = None  # torch.cuda.CUDAGraph, or None: the stand-in
     run: Callable[..., Any] | None = None  # the stand-in's function (compiled with PROVE)
-    pointers: tuple[int, ...] = ()  # data_ptr of every input and long-lived buffer at the first pass
+    pointers: tuple[int, ...] = ()  # data_ptr of every long-lived buffer at the first pass
     seconds: float = 0.0  # warm-up and capture
-    replays: int = 0
 
 
 class PhaseGraphs:
     """The graphs of one phase over one set of long-lived buffers (one KV cache): one per key, made at first use.
 
-    ``name``: the phase (``verify``, ``draft``), for messages and :attr:`stats`. ``capture``: capture raw CUDA
+    ``name``: the phase (``verify``, ``draft``, ``step``), for messages and reports. ``capture``: capture raw CUDA
     graphs (only on CUDA; else the stand-in runs). Keep one :class:`PhaseGraphs` per cache: a graph writes into
     the addresses it was captured with.
     """
@@ -118,7 +118,7 @@ class PhaseGraphs:
         """
         flat, spec = tree_flatten(list(args))
         entry = self._entries.get(key)
-        if entry is not None and tuple(t.data_ptr() for t in buffers) != entry.pointers[len(entry.inputs):]:
+        if entry is not None and tuple(t.data_ptr() for t in buffers) != entry.pointers:
             # a long-lived buffer moved (a cache grew or lost rows): a graph would write into the old one
             self.recaptures += 1
             del self._entries[key]
@@ -131,11 +131,9 @@ class PhaseGraphs:
         for dst, src in zip(entry.inputs, flat):
             if dst is not src:
                 dst.copy_(src, non_blocking=True)
-        entry.replays += 1
         if entry.graph is not None:
             entry.graph.replay()
             return entry.outputs
-        self._check_pointers(key, entry)
         return self._stand_in(entry)
 
     def replay_ms(self, repeats: int = 20) -> dict[Hashable, float]:
@@ -168,7 +166,7 @@ class PhaseGraphs:
         start = time.perf_counter()
         inputs = [a.detach().clone() for a in flat]
         entry = _Entry(inputs=inputs, spec=spec)
-        entry.pointers = tuple(t.data_ptr() for t in [*inputs, *buffers])
+        entry.pointers = tuple(t.data_ptr() for t in buffers)
         call = lambda: fn(*tree_unflatten(entry.inputs, spec))  # noqa: E731
         device = inputs[0].device if inputs else (buffers[0].device if buffers else torch.device("cpu"))
         if self.capture and self.failed is None and capture_supported(device):
@@ -176,14 +174,12 @@ class PhaseGraphs:
                 self._capture(entry, call, device)
             except Exception as err:  # noqa: BLE001  (any capture failure falls back to the stand-in, with its reason)
                 self.failed = f"{type(err).__name__}: {err}"
-                import warnings
-
                 warnings.warn(f"CUDA graph capture of the {self.name} phase failed ({self.failed}); it runs eagerly",
                               stacklevel=4)
                 entry.graph = None
                 torch.cuda.synchronize(device)
         if entry.graph is None:
-            entry.run = _proven(fn, spec) if PROVE else (lambda *a: fn(*a))
+            entry.run = _proven(fn) if PROVE else fn
             entry.outputs = entry.run(*tree_unflatten(entry.inputs, spec))
             entry.out_flat = [t for t in tree_flatten(entry.outputs)[0] if isinstance(t, torch.Tensor)]
         else:
@@ -227,13 +223,8 @@ class PhaseGraphs:
             dst.copy_(src)
         return entry.outputs
 
-    def _check_pointers(self, key: Hashable, entry: _Entry) -> None:
-        now = tuple(t.data_ptr() for t in entry.inputs)
-        if now != entry.pointers[: len(now)]:
-            raise CaptureError(f"the {self.name} phase (key {key!r}): a static input buffer moved since the first pass")
 
-
-def _proven(fn: Callable[..., Any], spec: Any) -> Callable[..., Any]:
+def _proven(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` traced as one graph of fixed shapes (a fresh code object: its own dynamo cache), compiled at the first
     call; a later call that would compile again (a guard failed: a host value changed) raises."""
     code = fn.__code__.replace()
