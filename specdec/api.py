@@ -50,6 +50,8 @@ class SpeculativeModel:
         model: the verifier, any supported transformers causal LM.
         draft: a :class:`~specdec.drafters.Drafter`, a causal LM sharing the vocabulary, a drafter name
             (``"self:int8"``, ``"prompt-lookup"``, ...: ``specdec generate --help`` lists them) or a local path.
+            ``"auto"``: the candidate with the best tokens a second measured here, chosen at :meth:`prime` or the
+            first call (:mod:`specdec.drafters.auto`; needs ``tokenizer``; ``last_stats.draft_choice`` says why).
         num_draft_tokens: tokens drafted per verifier pass (``k``).
         tokenizer / draft_tokenizer: optional, used to check the vocabularies match exactly and for
             ``stop_strings``.
@@ -75,6 +77,8 @@ class SpeculativeModel:
             output stays ``model.generate``'s up to float near-ties. A dict is passed to ``torch.compile``.
             ``"graphs"``: no ``torch.compile``; each pass shape of the eager forward is captured as a raw CUDA
             graph at its first use (seconds, not minutes) and replayed after (:mod:`specdec.runners.capture`).
+        verify: a sampled chain's rule: ``"token"`` (draft by draft) or ``"block"`` (Sun et al. 2024: judged as a block,
+            as exact, keeps more of sampled drafts; chains only). Greedy: every rule alike. ``last_stats.verify``.
 
     Raises:
         ValueError: a tree whose static ranks or ``top_k`` lie past the verifier's vocabulary, or other
@@ -87,10 +91,8 @@ class SpeculativeModel:
                  tokenizer: Any = None, draft_tokenizer: Any = None, memory_budget: int | str | None = None,
                  adaptive: bool = False, compile_drafter: bool | str = False, tree: Any = None,
                  tree_cost: VerifyCost | None = None, tree_draft_step: float | None = None,
-                 compile_verifier: bool | str | dict[str, Any] = False) -> None:
-        _check_k(num_draft_tokens)
-        check_torch_for_transformers()  # one line, not a missing model class, where transformers disabled torch
-        static_options = _static_options(compile_verifier, compile_drafter)
+                 compile_verifier: bool | str | dict[str, Any] = False, verify: str = "token") -> None:
+        static_options = _static_options(compile_verifier, compile_drafter, num_draft_tokens)
         self.model, self.tokenizer, self.num_draft_tokens = model, tokenizer, num_draft_tokens
         self.draft_name = draft if isinstance(draft, str) else type(draft).__name__  # what reports call the drafter
         self.verifier = CausalLMRunner(model, role="verifier")
@@ -101,7 +103,8 @@ class SpeculativeModel:
         if compile_drafter:
             _compile_drafter(self.drafter, compile_drafter)
         self.strategy = Strategy(model, self.verifier, self.drafter, adaptive=adaptive, tree=tree, tree_cost=tree_cost,
-                                 tree_draft_step=tree_draft_step, memory_budget=memory_budget, max_k=num_draft_tokens)
+                                 tree_draft_step=tree_draft_step, memory_budget=memory_budget, max_k=num_draft_tokens,
+                                 verify=verify)
         self.last_stats: SpecStats | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -109,7 +112,7 @@ class SpeculativeModel:
         # else is an error, not a silent reach into the verifier.
         if name in _FORWARDED:
             return getattr(self.model, name)
-        if name in ("tree", "tree_cost", "policy", "memory_budget"):
+        if name in ("tree", "tree_cost", "policy", "memory_budget", "verify"):
             return getattr(self.strategy, name)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (the verifier is .model)")
 
@@ -159,18 +162,19 @@ class SpeculativeModel:
             specdec.sizing.PlanError: a primed shape whose caches would not fit, as ``generate`` would refuse that
                 call; checked for every shape before any is primed.
         """
-        lengths = _prompt_lengths(max_new_tokens, prompt_lengths, batch_size)
-        positions = max_positions(self.model.config)
-        if positions is not None and lengths[-1] + max_new_tokens > positions:
-            raise ValueError(f"prime_verifier: a prompt of {lengths[-1]} tokens plus max_new_tokens={max_new_tokens} "
-                             f"passes the model's {positions} positions (max_position_embeddings): no call can have "
-                             "that length")
+        lengths = _prompt_lengths(max_new_tokens, prompt_lengths, batch_size, max_positions(self.model.config))
         k = self._k(num_draft_tokens)
         if not self.compile_verifier:
             return 0.0
         calls = [self.strategy.for_call(k, None, batch_size, n, n + max_new_tokens) for n in lengths]  # all checked
         shapes = [(batch_size, call.slots.verifier) for call in calls]
         return self.verifier.prime_static(shapes, calls[0].slots.widths, self.drafter.hidden_layers, progress)
+
+    def prime(self) -> None:
+        """Pay now what the first call would: ``draft="auto"``'s choice of drafter (it measures the candidates),
+        the drafter's compilation (``compile_drafter``) and ``tree="auto"``'s cost curve."""
+        self.drafter.prime()
+        self.measure_tree_cost()
 
     def measure_tree_cost(self) -> VerifyCost | None:
         """``tree="auto"``'s verifier cost curve, measured now if it was neither given (``tree_cost=``) nor measured
@@ -190,8 +194,11 @@ class SpeculativeModel:
         return k
 
 
-def _static_options(compile_verifier: Any, compile_drafter: Any) -> dict[str, Any] | None:
-    """The two ``compile_*`` arguments checked; ``compile_verifier``'s options for ``compile_static``."""
+def _static_options(compile_verifier: Any, compile_drafter: Any, k: int) -> dict[str, Any] | None:
+    """The two ``compile_*`` arguments and ``k`` checked, and torch (one line, not a missing model class, where
+    transformers disabled it); ``compile_verifier``'s options for ``compile_static``."""
+    _check_k(k)
+    check_torch_for_transformers()
     if not isinstance(compile_verifier, (bool, dict)) and compile_verifier != "graphs":
         raise ValueError(f"compile_verifier must be a bool, 'graphs' or a dict of torch.compile options, "
                          f"got {compile_verifier!r}")
@@ -211,8 +218,9 @@ def _compile_drafter(drafter: Drafter, how: bool | str) -> None:
     drafter.compile()
 
 
-def _prompt_lengths(max_new_tokens: int, prompt_lengths: Iterable[int], batch_size: int) -> list[int]:
-    """``prime_verifier``'s arguments checked; its distinct prompt lengths, sorted."""
+def _prompt_lengths(max_new_tokens: int, prompt_lengths: Iterable[int], batch_size: int,
+                    positions: int | None) -> list[int]:
+    """``prime_verifier``'s arguments checked (against the model's ``positions`` too); its prompt lengths, sorted."""
     check_count("max_new_tokens", max_new_tokens)
     check_count("batch_size", batch_size)
     if isinstance(prompt_lengths, (int, str)) or not isinstance(prompt_lengths, Iterable):
@@ -222,6 +230,10 @@ def _prompt_lengths(max_new_tokens: int, prompt_lengths: Iterable[int], batch_si
         raise ValueError("prompt_lengths is empty: name the prompt lengths the calls will have")
     for n in lengths:
         check_count("each of prompt_lengths", n)
+    if positions is not None and max(lengths) + max_new_tokens > positions:
+        raise ValueError(f"prime_verifier: a prompt of {max(lengths)} tokens plus max_new_tokens={max_new_tokens} "
+                         f"passes the model's {positions} positions (max_position_embeddings): no call can have "
+                         "that length")
     return sorted(set(lengths))
 
 

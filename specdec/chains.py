@@ -199,8 +199,8 @@ class ChainPlan(DraftPlan):
     """A call that drafts chains: ``k`` per pass from ``policy`` (:class:`FixedDraftLength` or
     :class:`AdaptiveDraftLength`), which learns from each pass."""
 
-    def __init__(self, policy: FixedDraftLength | AdaptiveDraftLength) -> None:
-        self.policy = policy
+    def __init__(self, policy: FixedDraftLength | AdaptiveDraftLength, rule: str = "token") -> None:
+        self.policy, self.rule = policy, rule
         self.num_draft_tokens = policy.max_k
         self._passes = 0
 

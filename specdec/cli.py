@@ -18,16 +18,19 @@ from specdec.trees.modes import describe_modes, tree_choices
 from specdec.user_input import (  # noqa: F401  (re-exported: the CLI's checks)
     DeviceError, check_device, check_model_and_draft, one_line as _one_line)
 
-# A grid-free drafter, so the demo's speedup is one a bf16 checkpoint could get too: prompt lookup where
-# the text repeats, else an int8 copy (0.85% weight error). self:int4+head8 is a little faster on the
-# embedded model only because its Q4_1 GGUF already lies on that int4 grid (BENCHMARKS.md section 1).
-DEMO_DRAFT = "composite:int8"
+# The demo measures which drafter pays on this machine (an int8 copy pays on an AVX-512 VNNI CPU, barely on an
+# AVX2 one) and leaves out grid-bound copies, so its speedup is one a bf16 checkpoint could get too.
+DEMO_DRAFT = "auto"
+# `generate` drafts one prompt at a time and is not worth a minute of measuring first: prompt lookup where the text
+# repeats, else an int8 copy (0.85% weight error; self:int4+head8 is faster on the embedded model only because its
+# Q4_1 GGUF already lies on that int4 grid, BENCHMARKS.md section 1).
+GENERATE_DRAFT = "composite:int8"
 
 
-def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int) -> None:
+def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int, default_draft: str) -> None:
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded default) or a local model directory / .gguf")
-    p.add_argument("--draft", default=DEMO_DRAFT,
-                   help=f"drafter: {forms()}")
+    p.add_argument("--draft", default=default_draft,
+                   help=f"drafter (default: {default_draft}): {forms()}")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")
     p.add_argument("--tree", choices=tree_choices(), default="none",
                    help=f"verify a tree of drafts per pass: {describe_modes()}; none: chains")
@@ -51,6 +54,7 @@ def _log(*args: Any) -> None:
 
 def _load(args: argparse.Namespace):
     import specdec
+    from specdec.drafters.auto import AutoDrafter
     from specdec.models import load_model
 
     _log(f"loading {args.model} ...")
@@ -67,6 +71,11 @@ def _load(args: argparse.Namespace):
     except SpecdecError as e:  # a missing or mismatched head or model, a vocabulary mismatch, a model trees refuse
         raise SystemExit(f"error: --draft {args.draft}{'' if args.tree == 'none' else f' --tree {args.tree}'}: "
                          f"{_one_line(e)}") from None
+    if isinstance(spec.drafter, AutoDrafter):
+        _log("choosing the drafter: each candidate drafts a few calibration prompts on this machine (about a minute) ...")
+        spec.drafter.choose()
+        _log(spec.drafter.decision.table())
+        _log(f"chose {spec.drafter.decision.reason()}")
     if args.compile_drafter:
         _log("compiling the drafter (about a minute; cached on disk for later runs) ...")
         spec.drafter.prime()
@@ -138,7 +147,8 @@ def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int
 
     model, tokenizer, spec = _load(args)
     # described once, with the results on stdout (or in the JSON's draft_* keys); stderr is for progress
-    drafter = drafter_summary(args.draft, model)
+    choice = spec.drafter.choice  # draft auto: the drafter it chose is described
+    drafter = drafter_summary(args.draft if choice is None else choice["chosen"], model)
     _log(f"running {plural(len(prompts), 'prompt')}, {plural(args.max_new_tokens, 'new token')}, "
          "plain generate vs specdec"
          f"{' (compiling the verify passes first)' if args.compile_verifier else ''} ...")
@@ -161,11 +171,12 @@ def _run_compare(args: argparse.Namespace, prompts: list[dict[str, str]]) -> int
         from specdec.demo import speed_note
 
         print(f"  ({speed_note()})")
-        print(f"drafter {drafter['description']}\n  {'NOTE: ' if drafter['grid_bound'] else ''}{drafter['note']}")
+        chosen = "" if choice is None else f"auto chose, measuring on this machine: {choice['reason']}\n  "
+        print(f"drafter {chosen}{drafter['description']}\n  {'NOTE: ' if drafter['grid_bound'] else ''}{drafter['note']}")
         print(f"\nexample output ({result.results[0].task}):\n{result.results[0].text}")
     else:
         # added keys only: the existing summary keys keep their names and values
-        print(json.dumps({**result.summary(), **{f"draft_{k}": v for k, v in drafter.items()}}))
+        print(json.dumps({**result.summary(), **{f"draft_{k}": v for k, v in drafter.items()}, "draft_choice": choice}))
     return 0
 
 
@@ -235,12 +246,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="built-in prompts through model.generate and specdec, side by side")
-    _add_model_args(demo, default_new_tokens=96)
+    _add_model_args(demo, default_new_tokens=96, default_draft=DEMO_DRAFT)
     demo.add_argument("--prompts", type=int, default=None, help="how many of the built-in prompts to run (default: all)")
     demo.set_defaults(func=cmd_demo)
 
     gen = sub.add_parser("generate", help="generate with specdec for a prompt or a JSONL file of prompts")
-    _add_model_args(gen, default_new_tokens=128)
+    _add_model_args(gen, default_new_tokens=128, default_draft=GENERATE_DRAFT)
     gen.add_argument("--prompt", help="prompt text")
     gen.add_argument("--prompts", help="JSONL file with a 'prompt' field (or Spec-Bench 'turns') per line")
     gen.add_argument("--compare", action="store_true", help="also run plain model.generate and report the speedup")

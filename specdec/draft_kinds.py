@@ -247,6 +247,26 @@ register_kind(DrafterKind(
 ), builtin=True)
 
 
+# --- auto: the candidate with the best measured tokens a second here ------------------------------------------
+
+
+def _build_auto(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters import resolve_drafter
+    from specdec.drafters.auto import AutoDrafter
+
+    return AutoDrafter(verifier, verifier_tokenizer,
+                       lambda name: resolve_drafter(name, verifier, verifier_tokenizer=verifier_tokenizer))
+
+
+register_kind(DrafterKind(
+    "auto", "auto", _build_auto, parse=lambda text, arg: {} if arg is None else None,
+    describe=lambda spec, verifier: {
+        "description": ("auto: of prompt lookup, suffix decoding, the self:* copies with a backend here, the shipped "
+                        "head and their composites, the one with the best tokens a second measured on this machine"),
+        "note": "the choice and the ranking it measured are in last_stats.draft_choice (--json: draft_choice)"},
+), builtin=True)
+
+
 # --- a local model directory / .gguf file (every other name) ---------------------------------------------
 
 

@@ -59,7 +59,8 @@ def speculative_generate(
     ``slots``: the call's cache sizes as its memory check counted them (by default the plan's for this shape)."""
     start = time.perf_counter()
     plan.check(drafter)
-    stats = SpecStats(num_draft_tokens=plan.num_draft_tokens, batch_size=setup.input_ids.shape[0], tree=plan.to_dict())
+    stats = SpecStats(num_draft_tokens=plan.num_draft_tokens, batch_size=setup.input_ids.shape[0], tree=plan.to_dict(),
+                      draft_choice=drafter.choice, verify=plan.rule)
     out = CommittedRows(setup, streamer, output_scores, output_logits)
     if streamer is not None:
         streamer.put(setup.input_ids.cpu())
@@ -85,7 +86,7 @@ def speculative_generate(
             drafts = plan.propose(drafter, rows, room, ctx)
             t1 = time.perf_counter()
             stats.draft_seconds += t1 - t0
-            v = verify(cache, rows, drafts, setup, layers, generator)
+            v = verify(cache, rows, drafts, setup, layers, generator, plan.rule)
             accepted, block = v.read()  # the pass's one device read: everything below runs on these host ints
             t2 = time.perf_counter()
             added = out.add_block(v.tokens, [a + 1 for a in accepted], v.scores, v.logits, block)

@@ -284,6 +284,8 @@ class DraftPlan:
     """
 
     num_draft_tokens: int
+    #: how a sampled chain's drafts are verified (:data:`specdec.acceptance.CHAIN_RULES`); trees: per-node rejection
+    rule: str = "token"
 
     @property
     def max_drafts(self) -> int:

@@ -388,7 +388,12 @@ def add_quant_report_arguments(parser: argparse.ArgumentParser) -> argparse.Argu
     parser.add_argument("--ctx", type=int, default=200, help="cached tokens for the timings (default 200)")
     parser.add_argument("--repeats", type=int, default=15, help="timing rounds; medians are reported (default 15)")
     parser.add_argument("--device", default="cpu", help="device (default cpu)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    parser.add_argument("--no-auto", dest="auto", action="store_false",
+                        help="leave out draft='auto''s ranking (every drafter it considers, measured through the real "
+                             "loop on this machine: what `--draft auto` would choose; about a minute)")
+    parser.add_argument("--num-draft-tokens", "-k", type=int, default=4, help="k of the auto ranking (default 4)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout; "
+                        "'auto' holds the ranking (null with --no-auto)")
     return parser
 
 
@@ -401,7 +406,7 @@ def check_quant_report_arguments(args: argparse.Namespace) -> tuple[list[str], l
     or malformed ``--prompts`` file.
     """
     for flag, attr in (("--positions", "positions"), ("--ctx", "ctx"), ("--repeats", "repeats"),
-                       ("--num-prompts", "num_prompts")):
+                       ("--num-prompts", "num_prompts"), ("--num-draft-tokens", "num_draft_tokens")):
         value = getattr(args, attr, 1)
         if value is not None and value < 1:
             raise SystemExit(f"error: {flag} must be >= 1, got {value}")
@@ -451,9 +456,25 @@ def run_quant_report(args: argparse.Namespace) -> int:
         repeats=getattr(args, "repeats", 15), log=log,
     )
     print(format_table(report))
+    report["auto"] = None
+    if getattr(args, "auto", False):
+        log("ranking the drafters draft='auto' considers (each drafts a few calibration prompts) ...")
+        choice = auto_ranking(model, tok, getattr(args, "num_draft_tokens", 4))
+        print(f"\ndraft='auto' on this machine, k={choice.k} (decode tokens/s through the real loop):\n{choice.table()}\n"
+              f"chosen: {choice.reason()}")
+        report["auto"] = choice.to_dict()
     if args.json:
         print(json.dumps(report))
     return 0 if report["schemes"] else 1
+
+
+def auto_ranking(model: nn.Module, tokenizer: Any, k: int = 4) -> Any:
+    """What ``draft="auto"`` measures and chooses for ``model`` at ``k`` on this machine (an ``AutoChoice``)."""
+    from specdec.api import SpeculativeModel
+
+    drafter = SpeculativeModel(model, "auto", num_draft_tokens=k, tokenizer=tokenizer).drafter
+    drafter.choose()
+    return drafter.decision
 
 
 def main(argv: Sequence[str] | None = None) -> int:

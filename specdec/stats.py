@@ -133,6 +133,8 @@ class SpecStats(_Rates):
     total_time: float = 0.0
     rows: list[RowStats] = field(default_factory=list)
     tree: dict | None = None
+    draft_choice: dict | None = None  # draft="auto": the drafter chosen, why, and the ranking it measured
+    verify: str = "token"  # how sampled chains were verified ("token" or "block"; greedy: every rule alike)
 
     def __post_init__(self) -> None:
         if not self.rows:

@@ -16,13 +16,16 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.arguments import prepare_generation
+from specdec.acceptance import CHAIN_RULES
 from specdec.chains import AdaptiveDraftLength, ChainPlan, FixedDraftLength
 from specdec.costs import VerifyCost
 from specdec.drafters import Drafter
+from specdec.drafters.auto import CALIBRATION_TOKENS, AutoDrafter, Calibration
 from specdec.engine import speculative_generate
 from specdec.protocol import DraftPlan
 from specdec.runners.hf import CausalLMRunner, lm_head_rows
 from specdec.sizing import check_fits
+from specdec.sizing.configs import max_positions
 from specdec.slots import CallSlots
 from specdec.trees.auto import TreeSizer, measure_verify_cost
 from specdec.trees.config import TreeConfig, parse_tree
@@ -43,13 +46,18 @@ class Strategy:
     ``tree``: as ``SpeculativeModel``'s (parsed and checked against the verifier and drafter here);
     ``adaptive``: chains of a per-pass ``k`` (refused with a tree); ``tree_cost`` / ``tree_draft_step``: ``auto``'s
     verifier cost curve and drafter pass in seconds, measured on first use when ``None``; ``memory_budget``: what
-    every call's caches must fit in (``specdec.sizing.check_fits``)."""
+    every call's caches must fit in (``specdec.sizing.check_fits``); ``verify``: the rule sampled chains are verified
+    by (:func:`check_rule`)."""
 
     def __init__(self, model: PreTrainedModel, verifier: CausalLMRunner, drafter: Drafter, *, adaptive: bool = False,
                  tree: Any = None, tree_cost: VerifyCost | None = None, tree_draft_step: float | None = None,
-                 memory_budget: int | str | None = None, max_k: int = 1) -> None:
+                 memory_budget: int | str | None = None, max_k: int = 1, verify: str = "token") -> None:
         self.model, self.verifier, self.drafter, self.memory_budget = model, verifier, drafter, memory_budget
+        self.max_k = max_k  # the model's k: draft="auto" measures its candidates at it
         self.tree: TreeConfig | None = parse_tree(tree)
+        self.verify = check_rule(verify, self.tree is not None)
+        if isinstance(drafter, AutoDrafter):  # it chooses on first use, measuring the candidates with this loop
+            drafter.attach(self.calibrate, max_k, trees=self.tree is not None)
         if self.tree is not None and adaptive:
             raise ValueError("adaptive draft lengths are for chains; with a tree use tree='auto' to size it per pass")
         if self.tree is not None and not drafter.supports_tree:
@@ -101,7 +109,7 @@ class Strategy:
     def _plan(self, k: int, generator: torch.Generator | None, new_tokens: int) -> DraftPlan:
         """Trees (capped to the call's ``new_tokens``) or chains of ``k`` (fixed, or adaptive up to ``k``)."""
         if self.tree is None:
-            return ChainPlan(self._draft_length(k, generator))
+            return ChainPlan(self._draft_length(k, generator), self.verify)
         if not self.tree.tree_mode.sized_per_pass:
             return TreePlan(self.tree, new_tokens=new_tokens, num_draft_tokens=k)
         cost = self.measure_tree_cost()
@@ -124,6 +132,21 @@ class Strategy:
         self.policy.max_k = k  # the timing and acceptance estimates carry over; only the bound is this call's
         return self.policy
 
+    def calibrate(self, drafter: Drafter, prompts: list[torch.Tensor], new_tokens: int = CALIBRATION_TOKENS) -> Calibration:
+        """``draft="auto"``'s measurement of one candidate: greedy chains of this model's ``k`` over ``prompts``
+        (batch 1, ``new_tokens`` each, no early stop), after one short untimed call (allocations, kernel choice)."""
+        measured, positions = Calibration(), max_positions(self.model.config) or 1 << 30
+        new_tokens = max(1, min(new_tokens, positions // 4))
+        for i, ids in enumerate([prompts[0][:, :8], *prompts]):
+            ids = ids[:, -max(1, positions // 2):]  # a small model's positions still hold prompt, drafts and output
+            setup = prepare_generation(self.model, ids, max_new_tokens=4 if i == 0 else new_tokens, do_sample=False,
+                                       eos_token_id=None, pad_token_id=None)
+            stats = speculative_generate(self.verifier, drafter, setup, ChainPlan.fixed(self.max_k)).stats
+            if i:
+                measured.add(stats.new_tokens, stats.verifier_forwards, stats.total_time, stats.time_to_first_token,
+                             stats.draft_seconds)
+        return measured
+
     def _measure_draft_step(self) -> float:
         """Seconds of one drafter pass, on a short greedy chain over random tokens: the draft cost seeded ``auto``
         calls size trees with (fixed per object, so seeded samples reproduce)."""
@@ -138,3 +161,13 @@ class Strategy:
         plan = ChainPlan.fixed(max(1, min(4, positions // 4)))
         stats = speculative_generate(self.verifier, self.drafter, setup, plan).stats
         return stats.draft_seconds / stats.drafter_forwards if stats.drafter_forwards else 0.0
+
+
+def check_rule(verify: str, tree: bool) -> str:
+    """``verify=`` checked: a name in :data:`~specdec.acceptance.CHAIN_RULES`; with a tree only ``"token"``."""
+    if verify not in CHAIN_RULES:
+        raise ValueError(f"verify={verify!r}: choose one of {', '.join(map(repr, CHAIN_RULES))}")
+    if tree and verify != "token":
+        raise ValueError(f"verify={verify!r} verifies chains; a tree's drafts are verified node by node "
+                         "(verify='token'): leave out tree= or verify=")
+    return verify

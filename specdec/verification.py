@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from specdec.acceptance import greedy_accept, one_hot, rejection_accept
+from specdec.acceptance import CHAIN_RULES, greedy_accept, one_hot
 from specdec.arguments import GenerationSetup
 from specdec.protocol import Commit, DraftedIds, Drafts, DraftChain, Rows
 from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
@@ -64,9 +64,10 @@ class Verified:
 
 
 def verify(cache: CacheSession, rows: Rows, drafts: Drafts, setup: GenerationSetup, layers: tuple[int, ...],
-           generator: torch.Generator | None) -> Verified:
-    """One verify pass over ``drafts``: :func:`verify_chain` for a chain, :func:`verify_tree` for a tree."""
-    verified = _pass_for(drafts)(cache, rows, drafts, setup, layers, generator)
+           generator: torch.Generator | None, rule: str = "token") -> Verified:
+    """One verify pass over ``drafts``: :func:`verify_chain` for a chain (a sampled one by ``rule``), :func:`verify_tree`
+    for a tree."""
+    verified = _pass_for(drafts)(cache, rows, drafts, setup, layers, generator, rule)
     verified.drafted = drafts.drafted
     return verified
 
@@ -89,8 +90,9 @@ def _process(setup: GenerationSetup, rows: Rows, contexts: list[list[torch.Tenso
 
 
 def verify_chain(cache: CacheSession, rows: Rows, proposal: DraftChain, setup: GenerationSetup,
-                 layers: tuple[int, ...], generator: torch.Generator | None) -> Verified:
-    """Score ``[last, d_1 .. d_k]`` per row in one pass; greedy or rejection-sampling acceptance."""
+                 layers: tuple[int, ...], generator: torch.Generator | None, rule: str = "token") -> Verified:
+    """Score ``[last, d_1 .. d_k]`` per row in one pass; greedy acceptance, or sampling by ``rule``
+    (:data:`~specdec.acceptance.CHAIN_RULES`: token-by-token rejection sampling, or block verification)."""
     drafts = proposal.tokens
     last = torch.stack([row[-1] for row in rows]).unsqueeze(1)
     step = cache.forward(torch.cat([last, drafts], dim=1), hidden_layers=layers)
@@ -103,14 +105,14 @@ def verify_chain(cache: CacheSession, rows: Rows, proposal: DraftChain, setup: G
     else:
         p = torch.softmax(scores, dim=-1)
         q = proposal.probs
-        if q is None:  # deterministic drafter: one-hot q
-            q = one_hot(drafts, p.shape[-1], p.dtype)
-        accepted, tokens = rejection_accept(drafts, q, p, generator)
+        if q is None:  # deterministic drafts: one-hot q, where the token rule keeps as much as any (and costs least)
+            q, rule = one_hot(drafts, p.shape[-1], p.dtype), "token"
+        accepted, tokens = CHAIN_RULES[rule](drafts, q, p, generator)
     return Verified(accepted, tokens, scores, logits, step.hidden)
 
 
 def verify_tree(cache: CacheSession, rows: Rows, tree: DraftTree, setup: GenerationSetup,
-                layers: tuple[int, ...], generator: torch.Generator | None) -> Verified:
+                layers: tuple[int, ...], generator: torch.Generator | None, rule: str = "token") -> Verified:
     """Score ``[last, node_1 .. node_N]`` per row in one pass: each node sees the cache, the root, its
     ancestors and itself, at position committed + depth; then walk the tree (greedy or multi-draft sampling)."""
     device = tree.tokens.device

@@ -22,10 +22,11 @@ def test_demo_json_contract(capsys):
     assert data["identical"] == 2
     assert data["speedup"] > 0 and 0 <= data["acceptance_rate"] <= 1
     assert data["mean_accepted_length"] >= 1
-    # the default drafter is grid-free: an int8 copy is off the embedded Q4_1 model's storage grid
-    assert data["draft"] == "composite:int8"
-    assert data["draft_grid_bound"] is False and 1e-3 < data["draft_weight_error"] < 0.05
-    assert "storage grid" not in data["draft_note"]
+    # the default drafter is measured here and never grid-bound: int4 (g32) is the embedded Q4_1 model's own grid
+    choice = data["draft_choice"]
+    assert data["draft"] == "auto" and choice["chosen"] == choice["ranking"][0]["draft"]
+    assert any(s["draft"] == "self:int4+head8" and s["why"].startswith("grid-bound") for s in choice["skipped"])
+    assert data["draft_grid_bound"] is not True and "storage grid" not in data["draft_note"]
 
 
 @pytest.mark.slow

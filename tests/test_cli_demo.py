@@ -16,7 +16,8 @@ from test_quant_grid import grid_snapped_llama, tiny_llama
 SUMMARY_KEYS = {"prompts", "identical", "speedup", "acceptance_rate", "mean_accepted_length", "plain_tokens_per_s",
                 "spec_tokens_per_s", "new_tokens", "num_draft_tokens", "draft", "per_prompt", "tree", "mean_tree_tokens",
                 "compile_verifier", "verifier_compile_seconds"}
-DRAFT_KEYS = {"draft_description", "draft_note", "draft_weight_error", "draft_head_weight_error", "draft_grid_bound"}
+DRAFT_KEYS = {"draft_description", "draft_note", "draft_weight_error", "draft_head_weight_error", "draft_grid_bound",
+              "draft_choice"}
 
 
 def _save(model, path):
@@ -77,6 +78,18 @@ def test_demo_json_for_a_grid_free_drafter(snapped_dir, capsys):
     assert data["draft"] == "prompt-lookup"
     assert data["draft_grid_bound"] is None and data["draft_weight_error"] is None
     assert data["draft_description"].startswith("prompt-lookup: copies n-grams")
+
+
+def test_demo_chooses_its_drafter_by_measuring_and_says_which(snapped_dir, capsys):
+    data = json.loads(_demo(snapped_dir, capsys, "--json").strip().splitlines()[-1])
+    choice = data["draft_choice"]
+    assert data["draft"] == "auto" and data["identical"] == 1
+    assert choice["chosen"] == choice["ranking"][0]["draft"] and choice["k"] == data["num_draft_tokens"]
+    assert data["draft_description"].startswith(choice["chosen"] + ": ")  # the chosen drafter is described
+    skipped = {s["draft"]: s["why"] for s in choice["skipped"]}
+    assert skipped["self:int4+head8"].startswith("grid-bound")  # the demo's speedup is never a grid-bound one
+    text = _demo(snapped_dir, capsys)
+    assert "drafter auto chose, measuring on this machine: " in text
 
 
 @pytest.mark.parametrize("tree", ["static", "dynamic", "auto"])

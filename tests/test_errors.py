@@ -48,6 +48,7 @@ USER_FACING = [
     ("specdec.runners.hf", "UnsupportedModelError", TypeError),
     ("specdec.drafters.mtp", "MtpUnavailableError", TypeError),  # an UnsupportedModelError: draft="mtp" on a model without MTP
     ("specdec.drafters.suffix_cache", "SuffixCacheError", ValueError),
+    ("specdec.drafters.auto", "AutoDraftError", ValueError),
 ]
 #: errors that mean specdec itself is wrong (a broken invariant): a traceback, not a one-line message
 INTERNAL = [

@@ -179,6 +179,23 @@ def test_plan_and_parse_methods():
         MethodSpec("specdec", "self:int8", 0)
 
 
+def test_verify_rules_plan_parse_and_reach_the_summary(tiny, tmp_path):
+    planned = plan_methods(["hf"], ["prompt-lookup"], [2], trees=[None, "static"], verify=["token", "block"])
+    assert [m.name for m in planned] == ["hf", "specdec[prompt-lookup,k=2]", "specdec[prompt-lookup,k=2,verify=block]",
+                                         "specdec[prompt-lookup,k=2,tree=static]"]  # trees: verified node by node
+    assert all(MethodSpec.parse(m.name) == m for m in planned)
+    assert MethodSpec.parse("specdec[suffix,k=3,verify=block,warm]") == MethodSpec("specdec", "suffix", 3, cache="warm",
+                                                                                  verify="block")
+    with pytest.raises(ValueError, match="verify='block': a rule for specdec chain methods"):
+        MethodSpec("specdec", "self:int8", 4, tree="static", verify="block")
+    model, tok = tiny
+    config = EvalConfig(out_dir=tmp_path, draft=[DRAFT], num_draft_tokens=2, baselines=["hf"], max_new_tokens=6,
+                        verify=["token", "block"], do_sample=True, temperature=0.8, progress=False, plots=False)
+    summary = run_eval(model, tok, ["Tell me a story."], config).to_dict()
+    assert {m["name"]: m.get("verify") for m in summary["methods"]} == {
+        "hf": None, f"specdec[{DRAFT},k=2]": "token", f"specdec[{DRAFT},k=2,verify=block]": "block"}
+
+
 def test_one_drafter_serves_specdec_and_hf_assisted(tiny):
     import specdec.drafters
     import specdec.eval
@@ -596,3 +613,23 @@ def test_seeding_passes_a_generator_or_seeds_torch(tiny, tmp_path, monkeypatch, 
     assert json.loads((tmp_path / "eval_config.json").read_text())["seeding"] == seeding
     with pytest.raises(ValueError, match="seeding must be one of"):
         run_eval(model, tok, ["x"], EvalConfig(methods=["hf"], out_dir=tmp_path / "bad", seeding="per-call"))
+
+
+def test_auto_chooses_before_any_timed_call_and_the_summary_says_what(tiny, tmp_path, monkeypatch):
+    from specdec.drafters.auto import AutoDrafter
+    from specdec.eval.measure import Runner
+
+    model, tok = tiny
+    events = []
+    choose, call = AutoDrafter.choose, Runner.__call__
+    monkeypatch.setattr(AutoDrafter, "choose",
+                        lambda self: events.append("measure" if self._chosen is None else "chosen") or choose(self))
+    monkeypatch.setattr(Runner, "__call__", lambda self, *a, **k: events.append("call") or call(self, *a, **k))
+    config = EvalConfig(out_dir=tmp_path, draft=["auto"], num_draft_tokens=2, baselines=["hf"], max_new_tokens=6,
+                        progress=False, plots=False)
+    report = run_eval(model, tok, ["Tell me a story.", "Count to five."], config)
+    entry = report.method("specdec[auto,k=2]")
+    choice = entry["draft_choice"]
+    assert events.index("measure") < events.index("call") and events.count("measure") == 1  # untimed, once
+    assert choice["chosen"] == choice["ranking"][0]["draft"] and entry["identical"] == 2
+    assert f"`specdec[auto,k=2]` chose `{choice['chosen']}`" in report.markdown()

@@ -442,6 +442,11 @@ def test_cli_hooks_json_last_line(tmp_path, capsys, monkeypatch):
     assert [r["scheme"] for r in data["schemes"]] == ["int8", "bf16"]
     assert {"scheme", "backend", "bytes", "ms_per_token", "agreement"} <= set(data["schemes"][0])
     assert any(line.startswith("| int8 |") for line in out)
+    # draft="auto"'s ranking, measured through the real loop: the same one `--draft auto` chooses from
+    auto = data["auto"]
+    assert auto["chosen"] == auto["ranking"][0]["draft"] and auto["k"] == 4
+    assert any(line.startswith("draft='auto' on this machine, k=4") for line in out)
+    assert any(line.startswith(f"chosen: {auto['chosen']}: ") for line in out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,10 +499,10 @@ def test_cli_with_a_local_model_directory(tmp_path, capsys):
     tok.save_pretrained(tmp_path)
     args = add_quant_report_arguments(argparse.ArgumentParser()).parse_args(
         ["--model", str(tmp_path), "--schemes", "int8", "--positions", "4", "--ctx", "8",
-         "--repeats", "1", "--json"])
+         "--repeats", "1", "--json", "--no-auto"])
     assert run_quant_report(args) == 0
     data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert data["schemes"][0]["scheme"] == "int8" and data["positions"] == 4
+    assert data["schemes"][0]["scheme"] == "int8" and data["positions"] == 4 and data["auto"] is None
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])

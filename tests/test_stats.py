@@ -76,7 +76,8 @@ ROW_KEYS = ["proposed", "accepted", "verifier_passes", "committed", "accepted_le
             "accepted_per_position", *RATES]
 SPEC_KEYS = ["num_draft_tokens", "batch_size", "new_tokens", "proposed", "accepted", "verifier_forwards",
              "drafted_passes", "drafter_forwards", "drafter_stats", "proposed_per_position", "accepted_per_position",
-             "time_to_first_token", "draft_seconds", "total_time", "rows", "tree", *RATES, "mean_tree_tokens",
+             "time_to_first_token", "draft_seconds", "total_time", "rows", "tree", "draft_choice", "verify", *RATES,
+             "mean_tree_tokens",
              "time_per_output_token", "tokens_per_second"]
 
 

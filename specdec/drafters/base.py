@@ -45,6 +45,8 @@ class Drafter:
     forwards: int = 0
     #: whether :meth:`propose_tree` drafts trees (heads, model drafters, prompt lookup, composite)
     supports_tree: bool = False
+    #: how this drafter was chosen (``draft="auto"``: the ranking it measured), for ``SpecStats.draft_choice``
+    choice: dict | None = None
 
     @property
     def model(self) -> torch.nn.Module | None:
@@ -134,6 +136,10 @@ class WrappingDrafter(Drafter):
     @property
     def supports_tree(self) -> bool:
         return self.inner.supports_tree
+
+    @property
+    def choice(self) -> dict | None:
+        return self.inner.choice
 
     @property
     def forwards(self) -> int:  # the inner drafter's forwards are the wrapper's (stats, adaptive k)

@@ -19,7 +19,7 @@ from typing import Any
 from specdec.draft_spec import forms
 from specdec.eval.config import SEEDING
 from specdec.eval.baselines import baseline_names
-from specdec.eval.methods import DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS
+from specdec.eval.methods import DEFAULT_BASELINES, DEFAULT_DRAFT, DEFAULT_PROMPT_LOOKUP_TOKENS, VERIFY_RULES
 from specdec.trees.modes import tree_choices
 
 DEFAULT_OUT = "specdec-eval"
@@ -95,6 +95,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     gen.add_argument("--tree", nargs="+", choices=tree_choices(), default=["none"],
                      help="verify chains (none) or trees of drafts per pass; several run each specdec method with each "
                           "(e.g. --tree none auto compares chain and tree in one run)")
+    gen.add_argument("--verify", nargs="+", choices=VERIFY_RULES, default=["token"],
+                     help="how sampled chains are verified: token (draft by draft) or block (block verification, "
+                          "Sun et al. 2024); several run each chain method with each (e.g. --verify token block); "
+                          "greedy outputs are the same under every rule")
     gen.add_argument("--compile-drafter", action="store_true",
                      help="run specdec's model drafters and draft heads through torch.compile (compiled during the warm-up)")
     gen.add_argument("--compile-verifier", nargs="?", const="on", choices=("on", "both"), default=None,
@@ -216,7 +220,7 @@ def run_eval(args: argparse.Namespace) -> int:
     command = getattr(args, "command_line", None) or _command_line(sys.argv[1:])
     config = EvalConfig(
         out_dir=args.out, draft=args.draft, num_draft_tokens=args.num_draft_tokens, baselines=args.baselines,
-        adaptive=args.adaptive, tree=args.tree, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+        adaptive=args.adaptive, tree=args.tree, verify=args.verify, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, seeding=args.seeding, chat=not args.no_chat_template,
         prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size, json_schema=args.json_schema,
         compile_drafter=args.compile_drafter, compile_verifier={None: False, "on": True, "both": "both"}[args.compile_verifier], warmup=not args.no_warmup, progress=not args.no_progress,

@@ -86,6 +86,7 @@ class EvalConfig:
     baselines: Sequence[str] = DEFAULT_BASELINES
     adaptive: bool = False
     tree: str | None | Sequence[str | None] = None
+    verify: str | Sequence[str] = "token"
     max_new_tokens: int = 64
     do_sample: bool = False
     temperature: float | None = None
@@ -124,8 +125,9 @@ class EvalConfig:
             drafts = [self.draft] if isinstance(self.draft, str) else list(self.draft)
             ks = [self.num_draft_tokens] if isinstance(self.num_draft_tokens, int) else list(self.num_draft_tokens)
             trees = [self.tree] if self.tree is None or isinstance(self.tree, str) else list(self.tree)
+            rules = [self.verify] if isinstance(self.verify, str) else list(self.verify)
             methods = plan_methods(self.baselines, drafts, ks, adaptive=self.adaptive, trees=trees,
-                                   compiled=self.verifier_modes)
+                                   compiled=self.verifier_modes, verify=rules)
         else:
             parsed = [m if isinstance(m, MethodSpec) else MethodSpec.parse(m) for m in self.methods]
             parsed = [replace(m, compiled=c) if m.kind == SPECDEC and self.compile_verifier else m

@@ -48,6 +48,7 @@ class Measurement:
     tree: dict | None = None  # the tree configuration used (None: chains)
     compiled_graphs: int | None = None  # hf-compiled: graphs torch.compile built during this (timed) call
     verifier_graphs_in_call: int | None = None  # compile_verifier: verify-pass graphs compiled during this (timed) call
+    draft_choice: dict | None = None  # draft="auto": what it chose and the ranking it measured (before any timed call)
 
 
 class _StepTimer(BaseStreamer):
@@ -224,7 +225,7 @@ class Runner:
             result.proposed_per_position = list(row.proposed_per_position)
             result.accepted_per_position = list(row.accepted_per_position)
             result.committed_tokens, result.verifier_passes = row.committed, row.verifier_passes
-            result.proposed, result.tree = row.proposed, stats.tree
+            result.proposed, result.tree, result.draft_choice = row.proposed, stats.tree, stats.draft_choice
             if graphs is not None:  # counted once per call, on its first row
                 result.verifier_graphs_in_call = 0 if result is not results[0] else self.spec.compiled_graphs - graphs
         return results
@@ -301,13 +302,14 @@ def build_runners(
             extra = m.baseline.generate_kwargs(setup) if m.baseline.generate_kwargs is not None else None
             runners[m.name] = Runner(m, model, extra)
         else:
-            key = (m.draft, m.k if m.adaptive else None, m.tree, m.compiled, m.cache)  # adaptive k learns per method
+            key = (m.draft, m.k if m.adaptive else None, m.tree, m.compiled, m.cache, m.verify)  # adaptive k learns per method
             if key not in specs:
                 drafter = drafts[m.draft].draft if m.cache is None else _cache_drafter(drafts, m, model, tokenizer)
                 if compile_drafter and drafter.compilable and not any(s.drafter is drafter for s in specs.values()):
                     drafter.compile()  # once per drafter: its SpeculativeModels share it
                 specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
-                                              adaptive=m.adaptive, tree=m.tree, compile_verifier=m.compiled)
+                                              adaptive=m.adaptive, tree=m.tree, compile_verifier=m.compiled,
+                                              verify=m.verify)
             runners[m.name] = Runner(m, model, spec=specs[key], seeding=seeding)
     return runners
 
@@ -338,10 +340,15 @@ def clear_cross_call_caches(runners: Mapping[str, Runner]) -> None:
 
 
 def measure_tree_costs(runners: Mapping[str, Runner]) -> None:
-    """Measure the verifier cost curve of every ``tree=auto`` method now (once per :class:`~specdec.SpeculativeModel`),
-    so that no timed call pays for it, warm-up or not."""
+    """Measure now, once per :class:`~specdec.SpeculativeModel`, what its first call would otherwise measure inside
+    a timed call, warm-up or not: ``draft="auto"``'s choice of drafter and every ``tree=auto`` method's verifier cost
+    curve."""
+    from specdec.drafters.auto import AutoDrafter
+
     specs = {id(r.spec): r.spec for r in runners.values() if r.spec is not None}
     for spec in specs.values():
+        if isinstance(spec.drafter, AutoDrafter):
+            spec.drafter.choose()
         spec.measure_tree_cost()
 
 

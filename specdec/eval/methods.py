@@ -50,6 +50,8 @@ DEFAULT_DRAFT = "self:int8"
 DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # the value transformers' docs use
 #: the states a cross-call cache is measured in (``MethodSpec.cache``)
 CACHE_STATES = ("cold", "warm")
+#: the rules a sampled chain can be verified by (``MethodSpec.verify``; ``specdec.acceptance.CHAIN_RULES``)
+VERIFY_RULES = ("token", "block")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class MethodSpec:
     tree: str | None = None  # specdec only: a tree mode's name (TREE_MODES; None: chains)
     compiled: bool = False  # specdec only: verify passes through torch.compile (compile_verifier)
     cache: str | None = None  # specdec with a cross-call cache (suffix): "cold" (kept empty) or "warm" (learns in order)
+    verify: str = "token"  # specdec only: how sampled chains are verified (specdec.acceptance.CHAIN_RULES)
 
     def __post_init__(self) -> None:
         if self.kind != SPECDEC and self.baseline is None:
@@ -76,6 +79,8 @@ class MethodSpec:
         if self.cache is not None and (self.kind != SPECDEC or self.cache not in CACHE_STATES):
             raise ValueError(f"cache={self.cache!r}: for specdec methods whose drafter learns across calls, one of "
                              f"{', '.join(CACHE_STATES)}")
+        if self.verify != "token" and (self.kind != SPECDEC or self.tree is not None or self.verify not in VERIFY_RULES):
+            raise ValueError(f"verify={self.verify!r}: a rule for specdec chain methods, one of {', '.join(VERIFY_RULES)}")
         if self.compiled and self.kind != SPECDEC:
             raise ValueError(f"compiled verify passes are for specdec methods, not {self.kind} (hf-compiled is HF's)")
 
@@ -86,7 +91,9 @@ class MethodSpec:
             tree = f",tree={self.tree}" if self.tree else ""
             compiled = ",compiled" if self.compiled else ""
             cache = f",{self.cache}" if self.cache else ""
-            return f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}{compiled}{cache}]"
+            rule = "" if self.verify == "token" else f",verify={self.verify}"
+            return (f"{SPECDEC}[{self.draft},k={self.k}{',adaptive' if self.adaptive else ''}{tree}{compiled}{rule}"
+                    f"{cache}]")
         if self.baseline.needs_draft:
             return f"{self.kind}[{self.draft}]"
         return self.kind
@@ -107,10 +114,10 @@ class MethodSpec:
         # the kinds named KIND[DRAFTER], longest first so that no name is read as a shorter one
         drafted = sorted((*(b.name for b in registered_baselines() if b.needs_draft), SPECDEC), key=len, reverse=True)
         m = re.fullmatch(rf"({'|'.join(map(re.escape, drafted))})\[(.+?)(?:,k=(\d+))?(,adaptive)?(?:,tree=(\w+))?"
-                         r"(,compiled)?(?:,(cold|warm))?\]", name.strip())
+                         r"(,compiled)?(?:,verify=(\w+))?(?:,(cold|warm))?\]", name.strip())
         if m:
             return cls(m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, bool(m.group(4)), m.group(5),
-                       bool(m.group(6)), m.group(7))
+                       bool(m.group(6)), m.group(8), m.group(7) or "token")
         return cls(name.strip())
 
 
@@ -160,10 +167,11 @@ def plan_methods(
     adaptive: bool = False,
     trees: Iterable[str | None] = (None,),
     compiled: Iterable[bool] = (False,),
+    verify: Iterable[str] = ("token",),
 ) -> list[MethodSpec]:
     """The methods of a run: ``hf`` (always: it is the reference), ``hf-compiled`` when asked for, the other
-    baselines, then specdec per drafter, k, tree (``None`` or ``"none"``: chains) and ``compiled`` (eager and/or
-    compiled verify passes) (and, with ``adaptive``, each chain method again with adaptive draft length up to k).
+    baselines, then specdec per drafter, k, tree (``None`` or ``"none"``: chains), ``compiled`` (eager and/or
+    compiled verify passes) and, for chains, each ``verify`` rule (and, with ``adaptive``, each chain method again with adaptive draft length up to k).
 
     ``hf-assisted`` is planned for each drafter that is a causal LM; for the others a warning says
     why it is left out.
@@ -185,9 +193,12 @@ def plan_methods(
                               stacklevel=2)
     trees = [None if t in (None, "none") else t for t in trees]
     compiled = list(compiled)
-    methods += [MethodSpec(SPECDEC, d, k, tree=t, compiled=c) for d in drafts for k in ks for t in trees for c in compiled]
+    rules = list(verify)  # chains run under each rule; trees are verified node by node ("token")
+    methods += [MethodSpec(SPECDEC, d, k, tree=t, compiled=c, verify=r) for d in drafts for k in ks for t in trees
+                for c in compiled for r in (rules if t is None else ["token"])]
     if adaptive:
-        methods += [MethodSpec(SPECDEC, d, k, adaptive=True, compiled=c) for d in drafts for k in ks for c in compiled]
+        methods += [MethodSpec(SPECDEC, d, k, adaptive=True, compiled=c, verify=r) for d in drafts for k in ks
+                    for c in compiled for r in rules]
     return list(dict.fromkeys(_cache_states(methods)))
 
 

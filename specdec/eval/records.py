@@ -212,6 +212,8 @@ def make_record(prompt: Prompt, index: int, method: MethodSpec, slot: int, m: "M
                                                                                            m.verifier_passes)
     if m.compiled_graphs is not None:
         rec["compiled_graphs"] = m.compiled_graphs
+    if m.draft_choice is not None:
+        rec["draft_choice"] = m.draft_choice
     if greedy and method.kind != HF and reference is not None:
         rec["identical"] = m.output_ids == reference
     return rec

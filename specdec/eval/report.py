@@ -194,6 +194,8 @@ def build_summary(records: Iterable[Mapping[str, Any]], methods: Sequence[Any], 
             entry.update(baseline.summarize(rows(m.name)))
         if m.kind == SPECDEC:  # the configuration used: the last record's (auto: with what it learnt)
             entry["tree"] = next((r.get("tree") for r in reversed(rows(m.name)) if r.get("tree")), None)
+            entry["draft_choice"] = next((r["draft_choice"] for r in rows(m.name) if r.get("draft_choice")), None)
+            entry["verify"] = getattr(m, "verify", "token")
             entry.update(_verifier_compile_figures(rows(m.name), bool(getattr(m, "compiled", False))))
         entry["groups"] = {
             g: {**_figures(rows(m.name, g), {b: rows(b, g) for b in bases}, m.speculative, greedy, reference, compare),
@@ -318,6 +320,13 @@ def _verifier_compile_note(summary: Mapping[str, Any]) -> str:
     return note
 
 
+def _choice_note(summary: Mapping[str, Any]) -> str:
+    """One paragraph on what each `auto` method chose before its first timed call, or ``""``."""
+    chose = [f"`{m['name']}` chose `{m['draft_choice']['chosen']}` ({m['draft_choice']['reason']}; measuring took "
+             f"{m['draft_choice']['seconds']:.1f} s, in no tok/s)" for m in summary["methods"] if m.get("draft_choice")]
+    return ("Drafters chosen by measuring on this machine: " + "; ".join(chose) + ".") if chose else ""
+
+
 def _error_lines(summary: Mapping[str, Any]) -> list[str]:
     """One markdown line per method that raised on some prompts: how many, and the first message."""
     return [f"- `{m['name']}` raised on {m['errors']} prompt(s): {m['error']}" for m in summary["methods"]
@@ -353,7 +362,7 @@ def render_markdown(summary: Mapping[str, Any], plots: Sequence[str] = ()) -> st
               "pass (k, or less where adaptive k drafts less; for `tree=` methods the tree's nodes, and `accept` is "
               f"accepted over scored nodes), `identical` the greedy outputs equal to `{reference_baseline().name}`'s.",
               ""]
-    for note in (*_baseline_notes(summary), _verifier_compile_note(summary), _schema_note(summary)):
+    for note in (*_baseline_notes(summary), _choice_note(summary), _verifier_compile_note(summary), _schema_note(summary)):
         if note:
             lines += [note, ""]
     if _error_lines(summary):
