@@ -258,8 +258,10 @@ def _build_auto(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_t
                        lambda name: resolve_drafter(name, verifier, verifier_tokenizer=verifier_tokenizer))
 
 
+AUTO = "auto"  # the kind's name is its whole form
+
 register_kind(DrafterKind(
-    "auto", "auto", _build_auto, parse=lambda text, arg: {} if arg is None else None,
+    AUTO, AUTO, _build_auto, parse=lambda text, arg: {} if arg is None else None,
     describe=lambda spec, verifier: {
         "description": ("auto: of prompt lookup, suffix decoding, the self:* copies with a backend here, the shipped "
                         "head and their composites, the one with the best tokens a second measured on this machine"),

@@ -299,12 +299,12 @@ def test_auto_sampling_mixing_sampled_chains_and_trees_follows_the_verifier(monk
     arms = spec.last_stats.tree["chain_or_tree"]["passes"]
     assert arms["chain"] >= 1 and arms["tree"] >= 1, arms
     assert _chi2(counts, exact, sum(counts.values())) > ALPHA
-    real = verification.rejection_accept
+    real = verification.CHAIN_RULES["token"]
 
     def drafters_law(drafts, q, p, gen):  # the verifier's p replaced by q at the drafted positions
         return real(drafts, q, torch.cat([q, p[:, q.shape[1]:]], dim=1), gen)
 
-    monkeypatch.setattr(verification, "rejection_accept", drafters_law)
+    monkeypatch.setitem(verification.CHAIN_RULES, "token", drafters_law)
     counts = sample()
     assert _chi2(counts, exact, sum(counts.values())) < ALPHA, "the test must catch a chain rule without the ratio"
 
