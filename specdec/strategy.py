@@ -143,8 +143,7 @@ class Strategy:
                                        eos_token_id=None, pad_token_id=None)
             stats = speculative_generate(self.verifier, drafter, setup, ChainPlan.fixed(self.max_k)).stats
             if i:
-                measured.add(stats.new_tokens, stats.verifier_forwards, stats.total_time, stats.time_to_first_token,
-                             stats.draft_seconds)
+                measured.merge(Calibration.of_call(stats))
         return measured
 
     def _measure_draft_step(self) -> float:

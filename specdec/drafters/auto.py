@@ -29,6 +29,7 @@ import torch
 
 from specdec.drafters.base import Drafter, WrappingDrafter
 from specdec.errors import SpecdecError
+from specdec.stats import SpecStats
 
 #: the self-copy schemes auto tries, cheapest first
 SELF_SCHEMES = ("int8", "int8-dynamic", "bf16", "int4+head8")
@@ -60,12 +61,11 @@ class Calibration:
     decode_seconds: float = 0.0
     draft_seconds: float = 0.0
 
-    def add(self, new_tokens: int, passes: int, total: float, first_token: float, draft: float) -> None:
-        """One call's counts (batch 1): ``new_tokens`` generated in ``total`` seconds, the first after ``first_token``."""
-        self.tokens += max(new_tokens - 1, 0)
-        self.passes += passes
-        self.decode_seconds += max(total - first_token, 0.0)
-        self.draft_seconds += draft
+    @classmethod
+    def of_call(cls, stats: SpecStats) -> "Calibration":
+        """One batch-1 call's decode: its tokens after the first, its passes, its seconds after the first token."""
+        return cls(max(stats.new_tokens - 1, 0), stats.verifier_forwards,
+                   max(stats.total_time - stats.time_to_first_token, 0.0), stats.draft_seconds)
 
     def merge(self, other: "Calibration") -> None:
         """Add another measurement of the same candidate."""
@@ -204,12 +204,13 @@ class AutoDrafter(WrappingDrafter):
         return True  # compile_drafter is kept for the chosen drafter (a drafter with no model has nothing to compile)
 
     def compile(self) -> None:
-        self._compile = "compile"
-        if self._chosen is not None:
-            self._apply_compile()
+        self._defer_compile("compile")
 
     def compile_graphs(self) -> None:
-        self._compile = "graphs"
+        self._defer_compile("graphs")
+
+    def _defer_compile(self, how: str) -> None:
+        self._compile = how
         if self._chosen is not None:
             self._apply_compile()
 

@@ -339,7 +339,7 @@ def clear_cross_call_caches(runners: Mapping[str, Runner]) -> None:
             cache.clear()
 
 
-def measure_tree_costs(runners: Mapping[str, Runner]) -> None:
+def measure_before_timing(runners: Mapping[str, Runner]) -> None:
     """Measure now, once per :class:`~specdec.SpeculativeModel`, what its first call would otherwise measure inside
     a timed call, warm-up or not: ``draft="auto"``'s choice of drafter and every ``tree=auto`` method's verifier cost
     curve."""

@@ -31,7 +31,7 @@ from specdec.eval.measure import (
     WARMUP_TOKENS,
     build_runners,
     clear_cross_call_caches,
-    measure_tree_costs,
+    measure_before_timing,
     prime_drafters,
     prime_verifiers,
     restore_compile_state,
@@ -186,7 +186,7 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     encoded = [encode_batch(tokenizer, [p.text for _, p in batch], config.chat, device) for batch, _ in todo]
     warm_seed = config.seed if config.do_sample else None
     constrain, grammar_seconds = _constraints(model, tokenizer, todo, config)
-    measure_tree_costs(runners)  # tree=auto's cost curve: measured here, warm-up or not, never inside a timed call
+    measure_before_timing(runners)  # auto's drafter, tree=auto's cost curve: here, warm-up or not, never timed
     if config.compile_verifier:  # every verify-pass graph compiled now, warm-up or not, never inside a timed call
         prime_verifiers(runners, [(e, pending) for e, (_, pending) in zip(encoded, todo)], config.max_new_tokens,
                         config.progress)
