@@ -93,6 +93,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in [
     _family("jamba", "hybrid", **_ATTN, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
             expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_dt_rank=8),
     _family("mamba", "recurrent", hidden_size=64, num_hidden_layers=2, state_size=8),
+    _family("falcon_mamba", "recurrent", hidden_size=64, num_hidden_layers=2, state_size=8),
 ]}
 
 

@@ -13,16 +13,21 @@ from tiny_models import COMMON, VOCAB, left_padded, perturbed_copy
 import specdec
 from specdec.runners import CausalLMRunner
 from specdec.runners.hf import UnsupportedModelError
-from specdec.runners.recurrent import RecurrentHistory, RecurrentLayer
+from specdec.runners import scans
+from specdec.runners.recurrent import PerPosition, RecurrentHistory, RecurrentLayer
 
-# jamba's Mamba-1 mixer is refused (test_mamba1_mixers_are_refused); pure mamba2 has no attention at all
-ARCHS = [a for a in CONFIGS if a != "jamba"] + ["mamba2"]
-MAMBA2 = lambda: tf.Mamba2Config(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, n_groups=1,
-                                 state_size=16, expand=2, chunk_size=8, **COMMON)
+# pure recurrent models (no attention at all): Mamba-2, and Mamba-1 (whose scan specdec continues from the state)
+RECURRENT = {
+    "mamba2": lambda: tf.Mamba2Config(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, n_groups=1,
+                                      state_size=16, expand=2, chunk_size=8, **COMMON),
+    "mamba": lambda: tf.MambaConfig(hidden_size=64, num_hidden_layers=2, state_size=8, **COMMON),
+    "falcon_mamba": lambda: tf.FalconMambaConfig(hidden_size=64, num_hidden_layers=2, state_size=8, **COMMON),
+}
+ARCHS = [*CONFIGS, *RECURRENT]
 
 
 def _model(arch: str, seed: int = 0) -> torch.nn.Module:
-    return make_hybrid(arch, seed, config=MAMBA2() if arch == "mamba2" else None)
+    return make_hybrid(arch, seed, config=RECURRENT[arch]() if arch in RECURRENT else None)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -100,10 +105,11 @@ LENGTHS, SLOTS = [5, 8, 3, 6], 40
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_verify_pass_rollback_equals_a_fresh_run(arch):
+def test_verify_pass_rollback_equals_a_fresh_run(arch, monkeypatch):
     """One 4-token pass, rows keeping 0..4 of it: each row's state and next logits are those of a fresh run over
-    the kept tokens (restore + replay of the mixer, no second model pass)."""
+    the kept tokens, selected from the states the pass kept per position (no replay, no second model pass)."""
     runner = CausalLMRunner(_model(arch))
+    monkeypatch.setattr(RecurrentHistory, "_replay", _no_replay)
     ids, mask = left_padded(LENGTHS, seed=1)
     gen = torch.Generator().manual_seed(2)
     block = torch.randint(3, VOCAB, (4, 4), generator=gen)
@@ -122,6 +128,10 @@ def test_verify_pass_rollback_equals_a_fresh_run(arch):
         # attention over the row's holes vs none: float rounding only (logits here are tens in size)
         torch.testing.assert_close(logits[b], ref.forward(nxt).logits[b, -1], rtol=1e-4, atol=1e-4)
     assert not session.recurrent.passes[:-1]  # the history restarted at the commit
+
+
+def _no_replay(*args, **kwargs):
+    raise AssertionError("a mixer was replayed: the pass kept no state per position")
 
 
 def _three_drafter_steps(model, seed: int):
@@ -230,6 +240,13 @@ def test_sampling_follows_the_verifier(tiny_law):
     assert _sampled_pvalue(tiny_law) > ALPHA
 
 
+def test_sampling_check_catches_a_state_selected_one_token_late(tiny_law, monkeypatch):
+    """Negative control: rows that rejected a draft get the state after one more token than they kept."""
+    after = PerPosition.after
+    monkeypatch.setattr(PerPosition, "after", lambda self, tokens, index, kernel: after(self, tokens + 1, index, kernel))
+    assert _sampled_pvalue(tiny_law) < ALPHA
+
+
 def test_sampling_check_catches_a_stale_recurrent_state(tiny_law, monkeypatch):
     """Negative control: with the recurrent rollback disabled (states keep the rejected drafts), the same check fails."""
     monkeypatch.setattr(RecurrentHistory, "keep_recent", lambda self, n, kept: self.passes.clear())
@@ -259,13 +276,13 @@ def test_a_compiled_hybrid_drafter_runs_eagerly_with_a_warning():
     assert runner._compiled is None
 
 
-@pytest.mark.parametrize("arch", ["jamba", "mamba"])
-def test_mamba1_mixers_are_refused(arch):
-    """transformers' Mamba-1 scan restarts every multi-token forward from a zero state: no verify pass can continue."""
-    config = CONFIGS["jamba"]() if arch == "jamba" else tf.MambaConfig(hidden_size=64, num_hidden_layers=2,
-                                                                       state_size=8, **COMMON)
-    with pytest.raises(UnsupportedModelError, match="zero state"):
-        specdec.SpeculativeModel(make_hybrid(arch, config=config), "prompt-lookup")
+def test_a_model_whose_mamba1_scan_cannot_be_routed_is_refused(monkeypatch):
+    """Where transformers' Mamba-1 scan (no initial state) cannot be replaced by specdec's, a verify pass would
+    restart from zero: refused in one line."""
+    monkeypatch.setattr(scans, "install", lambda mixer: False)
+    with pytest.raises(UnsupportedModelError, match="zero state") as err:
+        specdec.SpeculativeModel(_model("mamba", seed=1), "prompt-lookup")
+    assert "\n" not in str(err.value)
 
 
 # ---- memory: the planner counts the state ------------------------------------------------------------------------

@@ -20,8 +20,8 @@ REFUSALS: dict[tuple[str, str], str] = {
     ("hybrid", "compiled"): "cannot roll back",
     ("hybrid", "inductor"): "cannot roll back",
 }
-for _mode in ("chain", "self-copy", "ragged", "tree", "compiled", "inductor", SAMPLING):  # Mamba-1's scan
-    REFUSALS[("jamba", _mode)] = REFUSALS[("mamba", _mode)] = "initial state"
+for _mode in ("tree", "compiled", "inductor"):  # pure recurrent models (mamba, falcon_mamba) as the hybrids
+    REFUSALS[("recurrent", _mode)] = REFUSALS[("hybrid", _mode)]
 
 _MODELS: dict[str, torch.nn.Module] = {}
 

@@ -288,6 +288,9 @@ class CausalLMRunner:
                 warnings.warn(f"torch.compile failed for the {self.role} ({type(err).__name__}: {err}); running it eagerly",
                               stacklevel=3)
                 self._compiled = None
+        mask = inputs.get("attention_mask")
+        if self.recurrent is not None and self.recurrent.raw_mask and mask is not None and mask.dim() == 2:
+            inputs["attention_mask"] = mask[:, -inputs["input_ids"].shape[1] :]  # its mixers read the new tokens'
         out = self.model(**inputs, output_hidden_states=bool(hidden_layers))
         if self._kv_dtype is None and session.cache.layers and session.cache.layers[0].is_initialized:
             self._kv_dtype = session.cache.layers[0].keys.dtype

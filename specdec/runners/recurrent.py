@@ -37,124 +37,13 @@ try:  # transformers >= 5.2x declares each layer type's cache class; older ones 
 except ImportError:
     DYNAMIC_LAYER_TYPE_MAPPING, DummyLayer, get_layer_types_and_kwargs = {}, None, None
 
-from specdec.runners.cache import ManagedLayer
+from specdec.runners import scans
+from specdec.runners.recurrent_layers import PerPosition, RecurrentLayer, Snapshot, StatelessLayer
 
 _HOOKED = "_specdec_recurrent_hooks"  # set on a model whose mixers carry our pre-hook (copies of it inherit both)
 # A rollback replays at most this many tokens one at a time, through the mixer's decode path: transformers' chunked
 # scans (the Gated DeltaNet's torch fallback pads every call to 64 tokens) cost a whole pass for a 2-token replay.
 STEPWISE_REPLAY = 8
-
-
-class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
-    """A managed layer that also holds ``number_of_states`` conv/recurrent states per row (transformers'
-    ``LinearAttentionLayer`` API). Its slot pointer moves with the cache's; keys and values are allocated only if
-    the model writes some (falcon_h1's hybrid layers)."""
-
-    is_compileable = False
-
-    def __init__(self, max_cache_len: int, number_of_states: int = 1, **kwargs) -> None:
-        ManagedLayer.__init__(self, max_cache_len)
-        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
-
-    def lazy_initialization(self, *args, **kwargs) -> None:
-        if args:  # keys and values (an attention update): the managed buffers
-            ManagedLayer.lazy_initialization(self, *args)
-        else:  # conv_states= / recurrent_states= (a mixer's first write)
-            LinearAttentionLayer.lazy_initialization(self, **kwargs)
-
-    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None,
-                          **kwargs) -> torch.Tensor:
-        if self.is_conv_states_initialized[state_idx] and conv_states.dtype != self.conv_states[state_idx].dtype:
-            self.conv_states[state_idx] = self.conv_states[state_idx].to(conv_states.dtype)  # adopted across dtypes
-        return LinearAttentionLayer.update_conv_state(self, conv_states, state_idx, conv_kernel_size, **kwargs)
-
-    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
-        if self.is_recurrent_states_initialized[state_idx] and \
-                recurrent_states.dtype != self.recurrent_states[state_idx].dtype:
-            self.recurrent_states[state_idx] = self.recurrent_states[state_idx].to(recurrent_states.dtype)
-        return LinearAttentionLayer.update_recurrent_state(self, recurrent_states, state_idx, **kwargs)
-
-    @property
-    def is_croppable(self) -> bool:  # a crop cannot bring back an overwritten state; the session's history can
-        return False
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise RuntimeError("a recurrent layer's state cannot be cropped; roll back through its CacheSession")
-
-    def reset(self) -> None:
-        ManagedLayer.reset(self)
-        LinearAttentionLayer.reset(self)
-
-    def states(self) -> Snapshot:
-        """A copy of the states now (a checkpoint)."""
-        return Snapshot(
-            {i: s.clone() for i, s in self.conv_states.items() if s is not None and self.has_previous_state[i]},
-            {i: s.clone() for i, s in self.recurrent_states.items() if s is not None and self.has_previous_state[i]},
-            dict(self.has_previous_state))
-
-    def write_rows(self, rows: torch.Tensor, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> None:
-        """Overwrite the states of batch ``rows`` (in place: the buffers keep their address)."""
-        for mine, new in ((self.conv_states, conv), (self.recurrent_states, recurrent)):
-            for i, value in new.items():
-                if mine[i] is not None:
-                    mine[i][rows.to(mine[i].device)] = value.to(mine[i].dtype)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        ManagedLayer.batch_select_indices(self, indices)
-        for states in (self.conv_states, self.recurrent_states):
-            for i, s in states.items():
-                if s is not None:
-                    states[i] = s[indices.to(s.device)].contiguous()
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
-
-    def adopt(self, other: ManagedLayer, dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> None:
-        """Start from ``other``'s slots and states (a drafter adopting the verifier's prompt cache)."""
-        if other.is_initialized:
-            ManagedLayer.adopt(self, other, dtype, rows)
-        self.length = other.length
-        if not isinstance(other, RecurrentLayer):
-            return
-        for name in ("conv_states", "recurrent_states"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            for i, s in theirs.items():
-                if s is not None:
-                    mine[i] = (s if rows is None else s[rows]).clone()
-        self.conv_kernel_size = dict(other.conv_kernel_size)
-        self.has_previous_state = dict(other.has_previous_state)
-        self.is_conv_states_initialized = dict(other.is_conv_states_initialized)
-        self.is_recurrent_states_initialized = dict(other.is_recurrent_states_initialized)
-        self.device, self.dtype = other.device, other.dtype
-
-    @property
-    def nbytes(self) -> int:
-        held = [s for d in (self.conv_states, self.recurrent_states) for s in d.values() if s is not None]
-        return ManagedLayer.nbytes.fget(self) + sum(s.numel() * s.element_size() for s in held)
-
-
-class StatelessLayer(ManagedLayer):
-    """A layer that keeps nothing (an MLP- or MoE-only block, transformers' "dummy" cache layer): its slot pointer
-    moves with the others'."""
-
-    def adopt(self, other: ManagedLayer, dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> None:
-        if other.is_initialized:
-            ManagedLayer.adopt(self, other, dtype, rows)
-        self.length = other.length
-
-
-@dataclass
-class Snapshot:
-    """One recurrent layer's states at one moment (only states that existed)."""
-
-    conv: dict[int, torch.Tensor]
-    recurrent: dict[int, torch.Tensor]
-    had_state: dict[int, bool]
-
-    def select(self, rows: torch.Tensor) -> Snapshot:
-        """The states of batch ``rows`` only."""
-        pick = lambda states: {i: s[rows.to(s.device)] for i, s in states.items()}
-        return Snapshot(pick(self.conv), pick(self.recurrent), dict(self.had_state))
 
 
 @dataclass
@@ -165,6 +54,7 @@ class Layout:
     states: dict[int, int]  # layer index -> number of conv/recurrent states
     mixers: dict[int, torch.nn.Module]
     stateless: tuple[int, ...] = ()  # layers that keep nothing (MLP/MoE-only blocks)
+    raw_mask: bool = False  # the model hands its 2-D padding mask to the mixers untrimmed (mamba, falcon_mamba)
 
 
 def cache_layer_types(config: Any) -> list[str]:
@@ -237,7 +127,11 @@ def layout(model: torch.nn.Module) -> Layout | None:
     missing = sorted(set(states) - set(mixers))
     if missing:
         raise ValueError(f"no module reading the recurrent state of layers {missing} was found")
-    restarts = sorted({type(m).__name__ for m in mixers.values() if _RESTARTS_STATE in _source(m)})
+    # every mixer's multi-token scan keeps a state per position within a session's forward (scans.py); a
+    # Mamba-1 mixer whose scan cannot be routed there would restart each verify pass from zero
+    installed = {idx: scans.install(m) for idx, m in mixers.items()}
+    restarts = sorted({type(m).__name__ for idx, m in mixers.items()
+                       if _RESTARTS_STATE in _source(m) and not installed[idx]})
     if restarts:
         raise ValueError(f"its mixer {restarts[0]} scans several tokens from a zero state (transformers' "
                          "mamba_selective_scan takes no initial state), so a verify pass cannot continue a sequence")
@@ -247,7 +141,9 @@ def layout(model: torch.nn.Module) -> Layout | None:
             module.register_forward_hook(_skip_filler, with_kwargs=True)
         setattr(model, _HOOKED, True)
     stateless = tuple(i for i, kind in enumerate(cache_layer_types(model.config)) if kind == "dummy")
-    return Layout(states, mixers, stateless)
+    base = getattr(model, "base_model", model)
+    raw = "create_recurrent_attention_mask" not in _source(base) and "attention_mask" in _source(base)
+    return Layout(states, mixers, stateless, raw_mask=raw)
 
 
 def _history(kwargs: dict) -> tuple[str, RecurrentHistory | None]:
@@ -290,6 +186,7 @@ class _Pass:
     width: int
     before: dict[int, Snapshot]
     inputs: dict[int, tuple[str, tuple, dict]] = field(default_factory=dict)
+    at: dict[int, PerPosition] = field(default_factory=dict)  # layers whose states after every token were kept
     all_real: bool = True
     filler: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # real positions -> rows with filler
 
@@ -315,6 +212,9 @@ class RecurrentHistory:
         """Keep a mixer's input of the open forward: its hidden states (positional or not) and plain options; the
         cache and tensor options (masks: a replay runs real tokens only) are not kept."""
         if self._open is not None and layer_idx in self.layers:
+            layer = self.layers[layer_idx]  # the state a scan that takes none continues from (Mamba-1)
+            scans.enter_mixer(layer.recurrent_states[0] if layer.has_previous_state.get(0)
+                                  and layer.is_recurrent_states_initialized.get(0) else None)
             if "hidden_states" in kwargs:
                 args = (kwargs["hidden_states"], *args)
             if args and all(not isinstance(a, torch.Tensor) for a in args[1:]):
@@ -327,7 +227,9 @@ class RecurrentHistory:
         width]``: which tokens are real; once a row has state, its filler (a drafter's left-aligned catch-up) is
         kept out of every recurrence (:meth:`skip_filler`); the prefill's left padding is part of the sequence, as
         in ``generate``."""
-        self._open = _Pass(width, {i: layer.states() for i, layer in self.layers.items()}, all_real=valid is None)
+        self._open = _Pass(width, {i: layer.states(copy=width == 1) for i, layer in self.layers.items()},
+                           all_real=valid is None)
+        scans.begin()
         self._end = self._pointers[0].length + width if self._pointers else 0
         if valid is not None and any(f for snap in self._open.before.values() for f in snap.had_state.values()):
             for b, row in enumerate(valid.tolist()):  # one read, in ragged catch-ups only
@@ -337,8 +239,13 @@ class RecurrentHistory:
     def after_forward(self) -> None:
         """Close the forward: it joins the history."""
         done, self._open = self._open, None
+        scans.end()
         if done is None:
             return
+        for i, layer in self.layers.items():
+            kept = layer.take_positions()
+            if done.all_real and done.width > 1 and kept.covers(done.before[i]):
+                done.at[i] = kept
         for layer in self._pointers:
             layer.length = self._end
         self.passes.append(done)
@@ -397,10 +304,18 @@ class RecurrentHistory:
         """Only these batch rows stay (the layers select their own rows)."""
         for p in self.passes:
             p.before = {i: snap.select(rows) for i, snap in p.before.items()}
+            p.at = {i: kept.select(rows) for i, kept in p.at.items()}
             p.inputs = {i: (name, _rows_of(args, rows), kw) for i, (name, args, kw) in p.inputs.items()}
 
+    def abort(self) -> None:
+        """The open forward failed: it leaves no pass."""
+        if self._open is not None:
+            scans.end()
+        self._open = None
+
     def clear(self) -> None:
-        self.passes, self._open = [], None
+        self.abort()
+        self.passes = []
 
     def _rows(self, i: int, rows: list[int], done: _Pass | None = None) -> tuple[torch.Tensor, Snapshot]:
         """``rows`` as an index on layer ``i``'s device, and their states before ``done`` (default: the open pass)."""
@@ -414,7 +329,9 @@ class RecurrentHistory:
         """Set ``rows``' states to those before ``done`` advanced by only its tokens at ``positions``."""
         for i, layer in self.layers.items():
             index, start = self._rows(i, rows, done)
-            if positions:
+            if positions and i in done.at:  # the state after each token was kept: select it, no replay
+                conv, recurrent = done.at[i].after(len(positions), index, layer.conv_kernel_size)
+            elif positions:
                 if i not in done.inputs:
                     raise RuntimeError(f"layer {i}'s mixer input was not recorded: its call signature is not one "
                                        "specdec reads")
@@ -449,7 +366,8 @@ class RecurrentHistory:
 
         steps = stepwise and 1 < len(positions) <= STEPWISE_REPLAY and bool(start.had_state) \
             and all(start.had_state.values())
-        with _Unhooked(self):  # the replay is no forward of the session: nothing recorded, nothing redone
+        scans.enter_mixer(start.recurrent.get(0))  # a scan that takes no initial state continues from this one
+        with _Unhooked(self), scans.capture():  # no forward of the session: nothing recorded, nothing redone
             out = torch.cat([run(hidden[:, t : t + 1]) for t in range(len(positions))], dim=1) if steps else run(hidden)
         conv = {s: t for s, t in proxy.conv_states.items() if t is not None}
         recurrent = {s: t for s, t in proxy.recurrent_states.items() if t is not None}

@@ -140,8 +140,14 @@ class CacheSession:
             mask = seen.long()
         if self.recurrent is not None:
             self.recurrent.before_forward(n, valid)
-        out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
-                              position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache}, **extra)
+        try:
+            out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
+                                  position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache},
+                                  **extra)
+        except BaseException:
+            if self.recurrent is not None:
+                self.recurrent.abort()
+            raise
         if self.recurrent is not None:
             self.recurrent.after_forward()
         if self.static is not None:  # the prefill ran: static passes from now on

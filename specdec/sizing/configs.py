@@ -177,6 +177,7 @@ _FULL_TYPES = {"full_attention", "attention", "full", "global", "global_attentio
 _SLIDING_TYPES = {"sliding_attention", "sliding", "local", "local_attention", "window_attention", "hybrid_sliding"}
 _CHUNKED_TYPES = {"chunked_attention"}
 _NO_KV_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "recurrent", "rwkv", "ssm", "deltanet"}
+_ATTENTION_FREE = {"mamba", "falcon_mamba"}  # Mamba-1 models: recurrent layers only
 _STATELESS_TYPES = {"mlp", "moe", "dummy"}  # MLP/MoE-only blocks (nemotron_h): no attention, no state
 
 
@@ -205,6 +206,8 @@ def arch(config: ConfigLike) -> Arch:
     layers = get_field(cfg, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
     hidden = get_field(cfg, "hidden_size", "n_embd", "d_model", "dim")
     heads = get_field(cfg, "num_attention_heads", "n_head", "num_heads", "n_heads")
+    if not heads and model_type in _ATTENTION_FREE:  # no attention layer: no head is ever counted
+        heads = 1
     if not (layers and hidden and heads):
         raise ValueError(
             f"config of {model_type or 'unknown type'} lacks the layer count, hidden size or head count "

@@ -21,18 +21,31 @@ from specdec.sizing.memory import dtype_bytes
 
 _RECURRENT_TYPES = {"linear_attention", "mamba", "mamba2", "recurrent", "ssm", "deltanet", "hybrid", "hybrid_sliding"}
 _CONV_TYPES = {"conv"}
+_MAMBA1 = {"mamba", "falcon_mamba", "jamba"}
 
 
 @dataclass(frozen=True)
 class RecurrentState:
-    """One recurrent layer's state per row: ``conv_elements`` in the compute dtype, ``recurrent_elements`` in
-    float32."""
+    """One recurrent layer's state per row: a conv state of ``conv_channels x kernel`` in the compute dtype, and
+    ``recurrent_elements`` in float32."""
 
-    conv_elements: int
+    conv_channels: int
+    kernel: int
     recurrent_elements: int
+
+    @property
+    def conv_elements(self) -> int:
+        return self.conv_channels * self.kernel
 
     def bytes(self, dtype: Any) -> int:
         return self.conv_elements * dtype_bytes(dtype) + self.recurrent_elements * 4
+
+    def per_position_bytes(self, dtype: Any, tokens: int) -> int:
+        """What a forward of ``tokens`` tokens keeps per position: the conv window (the state and the new inputs)
+        and the recurrent state after each token."""
+        if tokens <= 1:
+            return 0
+        return self.conv_channels * (self.kernel + tokens) * dtype_bytes(dtype) + tokens * self.recurrent_elements * 4
 
 
 def recurrent_layers(config: Any) -> list[RecurrentState]:
@@ -43,9 +56,9 @@ def recurrent_layers(config: Any) -> list[RecurrentState]:
     """
     cfg = text_config(config)
     types = get_field(cfg, "layer_types")
-    if types is None:
-        types = get_field(cfg, "layers_block_type")
     model_type = str(get_field(cfg, "model_type", default="") or "")
+    if types is None or model_type == "jamba":  # jamba's layer_types name its Mamba layers "linear_attention"
+        types = get_field(cfg, "layers_block_type", default=types)
     if types is None:
         if model_type in ("mamba2",):
             types = ["mamba"] * int(get_field(cfg, "num_hidden_layers"))
@@ -65,7 +78,7 @@ def recurrent_layers(config: Any) -> list[RecurrentState]:
 
 def _short_conv(cfg: Any) -> RecurrentState:
     """LFM2's gated short convolution: ``hidden`` channels, ``conv_L_cache`` taps."""
-    return RecurrentState(int(get_field(cfg, "hidden_size")) * int(get_field(cfg, "conv_L_cache", default=3)), 0)
+    return RecurrentState(int(get_field(cfg, "hidden_size")), int(get_field(cfg, "conv_L_cache", default=3)), 0)
 
 
 def _recurrent(cfg: Any, model_type: str) -> RecurrentState:
@@ -74,7 +87,12 @@ def _recurrent(cfg: Any, model_type: str) -> RecurrentState:
         k_dim, v_dim = int(get_field(cfg, "linear_key_head_dim")), int(get_field(cfg, "linear_value_head_dim"))
         k_heads, v_heads = int(get_field(cfg, "linear_num_key_heads")), int(get_field(cfg, "linear_num_value_heads"))
         kernel = int(get_field(cfg, "linear_conv_kernel_dim", default=4))
-        return RecurrentState((2 * k_heads * k_dim + v_heads * v_dim) * kernel, v_heads * k_dim * v_dim)
+        return RecurrentState(2 * k_heads * k_dim + v_heads * v_dim, kernel, v_heads * k_dim * v_dim)
+    if model_type in _MAMBA1:  # Mamba-1 (mamba, falcon_mamba, jamba): one state per inner channel
+        inner = get_field(cfg, "intermediate_size") if model_type != "jamba" else None
+        inner = int(inner or int(get_field(cfg, "mamba_expand", "expand", default=2)) * hidden)
+        state = int(get_field(cfg, "mamba_d_state", "state_size", default=16))
+        return RecurrentState(inner, int(get_field(cfg, "mamba_d_conv", "conv_kernel", default=4)), inner * state)
     # Mamba-2 (nemotron_h, falcon_h1, granitemoehybrid, mamba2): field names differ by family
     heads = get_field(cfg, "mamba_num_heads", "mamba_n_heads", "num_heads")
     head_dim = get_field(cfg, "mamba_head_dim", "mamba_d_head", "head_dim")
@@ -90,15 +108,17 @@ def _recurrent(cfg: Any, model_type: str) -> RecurrentState:
         inner = int(get_field(cfg, "mamba_d_ssm", default=None) or int(expand) * hidden)
         head_dim = inner // heads
     inner = get_field(cfg, "mamba_d_ssm", default=None) or heads * int(head_dim)
-    return RecurrentState((int(inner) + 2 * groups * state) * kernel, heads * int(head_dim) * state)
+    return RecurrentState(int(inner) + 2 * groups * state, kernel, heads * int(head_dim) * state)
 
 
 def state_bytes_per_row(config: Any, dtype: Any = "bfloat16", checkpoints: int = 1, tokens: int = 1) -> int:
-    """Bytes one row's recurrent layers hold during a call: the live state plus ``checkpoints`` copies of it, and
-    each recurrent layer's recorded input over ``tokens`` tokens (0 for attention-only models)."""
+    """Bytes one row's recurrent layers hold during a call: the live state plus ``checkpoints`` copies of it, each
+    recurrent layer's recorded input over ``tokens`` tokens, and the states a forward of ``tokens`` tokens keeps per
+    position (0 for attention-only models)."""
     layers = recurrent_layers(config)
     if not layers:
         return 0
     hidden = int(get_field(text_config(config), "hidden_size"))
     live = sum(layer.bytes(dtype) for layer in layers)
-    return live * (1 + checkpoints) + len(layers) * tokens * hidden * dtype_bytes(dtype)
+    per_position = sum(layer.per_position_bytes(dtype, tokens) for layer in layers)
+    return live * (1 + checkpoints) + len(layers) * tokens * hidden * dtype_bytes(dtype) + per_position

@@ -1,0 +1,178 @@
+"""The cache layers of hybrid models' recurrent and convolutional state (docs/design.md, "Hybrid models").
+
+:class:`RecurrentLayer` holds a layer's conv/recurrent states through transformers' ``LinearAttentionLayer`` API (the
+mixers read and write them by ``layer_idx``) and moves its slot pointer with the managed cache's. A multi-token
+forward replaces its states with new tensors instead of writing into them, and leaves what selects the state after
+each of its tokens (:class:`PerPosition`: the conv window and the scans' states, :mod:`specdec.runners.scans`), so the
+session's history (:mod:`specdec.runners.recurrent`) rolls back by selecting, and keeps the states before a forward
+by reference (:class:`Snapshot`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import LinearAttentionLayer
+
+from specdec.runners import scans
+from specdec.runners.cache import ManagedLayer
+
+
+class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
+    """A managed layer that also holds ``number_of_states`` conv/recurrent states per row (transformers'
+    ``LinearAttentionLayer`` API). Its slot pointer moves with the cache's; keys and values are allocated only if
+    the model writes some (falcon_h1's hybrid layers)."""
+
+    is_compileable = False
+
+    def __init__(self, max_cache_len: int, number_of_states: int = 1, **kwargs) -> None:
+        ManagedLayer.__init__(self, max_cache_len)
+        LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
+        self.at_positions = PerPosition()  # what the running forward left per position (scans.py)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        if args:  # keys and values (an attention update): the managed buffers
+            ManagedLayer.lazy_initialization(self, *args)
+        else:  # conv_states= / recurrent_states= (a mixer's first write)
+            LinearAttentionLayer.lazy_initialization(self, **kwargs)
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size: int | None = None,
+                          **kwargs) -> torch.Tensor:
+        if self.is_conv_states_initialized[state_idx] and conv_states.dtype != self.conv_states[state_idx].dtype:
+            self.conv_states[state_idx] = self.conv_states[state_idx].to(conv_states.dtype)  # adopted across dtypes
+        if not (self.has_previous_state[state_idx] and self.is_conv_states_initialized[state_idx]):
+            return LinearAttentionLayer.update_conv_state(self, conv_states, state_idx, conv_kernel_size, **kwargs)
+        # [state before | the new inputs]: the state after r of them is window[..., r : r + kernel]. The new state
+        # is a new tensor, so the one before stays as it was (the history's checkpoint of a multi-token forward).
+        window = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
+        self.conv_states[state_idx] = window[..., -self.conv_kernel_size[state_idx] :].contiguous()
+        self.at_positions.conv[state_idx] = window
+        return window
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
+        if not (self.is_recurrent_states_initialized[state_idx] and self.has_previous_state[state_idx]):
+            return LinearAttentionLayer.update_recurrent_state(self, recurrent_states, state_idx, **kwargs)
+        stack = scans.take(recurrent_states)
+        dtype = self.recurrent_states[state_idx].dtype
+        if stack is not None:  # the scan's own last state: nothing reads it in place later (rollbacks pick r < width)
+            self.at_positions.recurrent[state_idx] = stack
+            self.recurrent_states[state_idx] = recurrent_states.to(dtype)
+        else:  # a new tensor, as for the conv state
+            self.recurrent_states[state_idx] = recurrent_states.to(dtype, copy=True)
+        return self.recurrent_states[state_idx]
+
+    def take_positions(self) -> PerPosition:
+        """What the forward that just ran left per position (and forget it here)."""
+        taken, self.at_positions = self.at_positions, PerPosition()
+        return taken
+
+    @property
+    def is_croppable(self) -> bool:  # a crop cannot bring back an overwritten state; the session's history can
+        return False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError("a recurrent layer's state cannot be cropped; roll back through its CacheSession")
+
+    def reset(self) -> None:
+        ManagedLayer.reset(self)
+        LinearAttentionLayer.reset(self)
+
+    def states(self, copy: bool = True) -> Snapshot:
+        """The states now (a checkpoint). ``copy=False``: the tensors themselves, for a forward that replaces them
+        instead of writing into them (a multi-token forward: :meth:`update_conv_state`, :meth:`update_recurrent_state`;
+        one-token decode paths update the conv and Mamba states in place)."""
+        keep = (lambda s: s.clone()) if copy else (lambda s: s)
+        return Snapshot(
+            {i: keep(s) for i, s in self.conv_states.items() if s is not None and self.has_previous_state[i]},
+            {i: keep(s) for i, s in self.recurrent_states.items() if s is not None and self.has_previous_state[i]},
+            dict(self.has_previous_state))
+
+    def write_rows(self, rows: torch.Tensor, conv: dict[int, torch.Tensor], recurrent: dict[int, torch.Tensor]) -> None:
+        """Overwrite the states of batch ``rows`` (in place: the buffers keep their address)."""
+        for mine, new in ((self.conv_states, conv), (self.recurrent_states, recurrent)):
+            for i, value in new.items():
+                if mine[i] is not None:
+                    mine[i][rows.to(mine[i].device)] = value.to(mine[i].dtype)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        ManagedLayer.batch_select_indices(self, indices)
+        for states in (self.conv_states, self.recurrent_states):
+            for i, s in states.items():
+                if s is not None:
+                    states[i] = s[indices.to(s.device)].contiguous()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def adopt(self, other: ManagedLayer, dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> None:
+        """Start from ``other``'s slots and states (a drafter adopting the verifier's prompt cache)."""
+        if other.is_initialized:
+            ManagedLayer.adopt(self, other, dtype, rows)
+        self.length = other.length
+        if not isinstance(other, RecurrentLayer):
+            return
+        for name in ("conv_states", "recurrent_states"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            for i, s in theirs.items():
+                if s is not None:
+                    mine[i] = (s if rows is None else s[rows]).clone()
+        self.conv_kernel_size = dict(other.conv_kernel_size)
+        self.has_previous_state = dict(other.has_previous_state)
+        self.is_conv_states_initialized = dict(other.is_conv_states_initialized)
+        self.is_recurrent_states_initialized = dict(other.is_recurrent_states_initialized)
+        self.device, self.dtype = other.device, other.dtype
+
+    @property
+    def nbytes(self) -> int:
+        held = [s for d in (self.conv_states, self.recurrent_states) for s in d.values() if s is not None]
+        return ManagedLayer.nbytes.fget(self) + sum(s.numel() * s.element_size() for s in held)
+
+
+class StatelessLayer(ManagedLayer):
+    """A layer that keeps nothing (an MLP- or MoE-only block, transformers' "dummy" cache layer): its slot pointer
+    moves with the others'."""
+
+    def adopt(self, other: ManagedLayer, dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> None:
+        if other.is_initialized:
+            ManagedLayer.adopt(self, other, dtype, rows)
+        self.length = other.length
+
+
+@dataclass
+class PerPosition:
+    """One recurrent layer's states after every token of one multi-token forward: each conv state's window
+    ``[batch, channels, kernel + width]`` and each recurrent state's list of ``width`` states ``[batch, ...]``."""
+
+    conv: dict[int, torch.Tensor] = field(default_factory=dict)
+    recurrent: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    def covers(self, snapshot: Snapshot) -> bool:
+        """Whether every state that existed before the forward (``snapshot``) has its per-position values."""
+        return bool(snapshot.had_state) and set(snapshot.conv) <= set(self.conv) \
+            and set(snapshot.recurrent) <= set(self.recurrent)
+
+    def after(self, tokens: int, index: torch.Tensor, kernel: dict[int, int]
+              ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Rows ``index``'s conv and recurrent states after the forward's first ``tokens`` (>= 1) tokens."""
+        conv = {s: w[index.to(w.device), :, tokens : tokens + kernel[s]] for s, w in self.conv.items()}
+        recurrent = {s: st[tokens - 1][index.to(st[0].device)] for s, st in self.recurrent.items()}
+        return conv, recurrent
+
+    def select(self, rows: torch.Tensor) -> PerPosition:
+        return PerPosition({i: w[rows.to(w.device)] for i, w in self.conv.items()},
+                           {i: [s[rows.to(s.device)] for s in st] for i, st in self.recurrent.items()})
+
+
+@dataclass
+class Snapshot:
+    """One recurrent layer's states at one moment (only states that existed)."""
+
+    conv: dict[int, torch.Tensor]
+    recurrent: dict[int, torch.Tensor]
+    had_state: dict[int, bool]
+
+    def select(self, rows: torch.Tensor) -> Snapshot:
+        """The states of batch ``rows`` only."""
+        pick = lambda states: {i: s[rows.to(s.device)] for i, s in states.items()}
+        return Snapshot(pick(self.conv), pick(self.recurrent), dict(self.had_state))
