@@ -40,18 +40,21 @@ def _prompt(length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, VOCAB, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
-# ---- end to end: greedy chains equal generate -------------------------------------------------------------------
+# ---- end to end: greedy chains and trees equal generate ---------------------------------------------------------
 
 
-# the fast twin of each family: a model drafter at k=3 and prompt lookup at k=1; the rest of the grid is slow
-GRID = [pytest.param(k, d, marks=() if (k, d) in {(3, "model"), (1, "prompt-lookup")} else pytest.mark.slow)
-        for k in (1, 3) for d in ("prompt-lookup", "model")]
+# the fast twins of each family: a model drafter at k=3 in a chain and a static tree, prompt lookup at k=1; the rest
+# of the grid is slow
+FAST = {(3, "model", None), (3, "model", "static"), (1, "prompt-lookup", None)}
+GRID = [pytest.param(k, d, tree, marks=() if (k, d, tree) in FAST else pytest.mark.slow)
+        for k in (1, 3) for d in ("prompt-lookup", "model") for tree in (None, "static", "dynamic")]
 
 
-@pytest.mark.parametrize("k,drafter", GRID)
-def test_greedy_chain_matches_generate(hybrid, k, drafter):
+@pytest.mark.parametrize("k,drafter,tree", GRID)
+def test_greedy_matches_generate(hybrid, k, drafter, tree):
     arch, model, draft = hybrid
-    spec = specdec.SpeculativeModel(model, draft if drafter == "model" else drafter, num_draft_tokens=k)
+    spec = specdec.SpeculativeModel(model, draft if drafter == "model" else drafter, num_draft_tokens=k,
+                                    **({"tree": tree} if tree else {}))
     ids = _prompt(7, seed=k)
     kwargs = dict(max_new_tokens=14, do_sample=False, eos_token_id=None)
     assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs)), f"{arch} batch 1"
@@ -62,7 +65,7 @@ def test_greedy_chain_matches_generate(hybrid, k, drafter):
     kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0)
     got = spec.generate(ids, **kwargs)
     assert torch.equal(got, model.generate(ids, **kwargs)), f"{arch} ragged"
-    if (k, drafter) == (3, "model"):  # some drafts were rejected: the ragged rollback ran (k=1 may accept all)
+    if (k, drafter, tree) == (3, "model", None):  # drafts were rejected: the ragged rollback ran (k=1 may accept all)
         assert spec.last_stats.proposed > spec.last_stats.accepted > 0
 
 
@@ -128,6 +131,53 @@ def test_verify_pass_rollback_equals_a_fresh_run(arch, monkeypatch):
         # attention over the row's holes vs none: float rounding only (logits here are tens in size)
         torch.testing.assert_close(logits[b], ref.forward(nxt).logits[b, -1], rtol=1e-4, atol=1e-4)
     assert not session.recurrent.passes[:-1]  # the history restarted at the commit
+
+
+# a tree over three forwards, as a model drafter grows one: slot -> parent (-1: the root's, the cache before it)
+TREE_PARENTS = [-1, 0, 0, 1, 2, 3]
+TREE_FORWARDS = [(0, 3), (3, 5), (5, 6)]  # slots [start, end) of each forward; the last is a single node
+TREE_PATHS = [[0, 1, 3, 5], [0, 2, 4], [0, 2], []]  # what each row keeps
+
+
+def _tree_path(slot: int) -> list[int]:
+    return [] if slot < 0 else _tree_path(TREE_PARENTS[slot]) + [slot]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tree_nodes_and_kept_paths_equal_a_fresh_run(arch, monkeypatch):
+    """Tree nodes written over three forwards (one of a single node), each computed from its parent's state: every
+    node's state is a fresh run's over its path, and the path a row keeps leaves that state and the next logits."""
+    runner = CausalLMRunner(_model(arch))
+    monkeypatch.setattr(RecurrentHistory, "_replay", _no_replay)
+    ids, mask = left_padded(LENGTHS, seed=11)
+    tokens = torch.randint(3, VOCAB, (4, len(TREE_PARENTS)), generator=torch.Generator().manual_seed(12))
+    nxt = torch.randint(3, VOCAB, (4, 1), generator=torch.Generator().manual_seed(13))
+    paths = [_tree_path(j) for j in range(len(TREE_PARENTS))]
+    session, _ = runner.prefill(ids, mask, SLOTS)
+    before = session.counts.clone()
+    for start, end in TREE_FORWARDS:
+        visible = torch.tensor([[i in paths[j] for i in range(end)] for j in range(start, end)]).expand(4, -1, -1)
+        depth = torch.tensor([len(paths[j]) - 1 for j in range(start, end)])
+        session.forward(tokens[:, start:end], position_ids=before.unsqueeze(1) + depth, tree_mask=visible)
+    nodes = {}
+    for p in session.recurrent.passes[-len(TREE_FORWARDS) :]:  # each node's states, from the forward that wrote it
+        for j in range(p.width):
+            nodes[len(nodes)] = {(i, kind, s): v for i, kept in p.at.items()
+                                 for kind, states in zip(("conv_states", "recurrent_states"), kept.at(j, torch.arange(4)))
+                                 for s, v in states.items()}
+    for j, path in enumerate(paths):
+        ref, _ = runner.prefill(ids, mask, SLOTS)
+        ref.forward(tokens[:, path])
+        _assert_row(nodes[j], _states(ref), 0)
+    session.keep_slots(TREE_PATHS, len(TREE_PARENTS))
+    got = _states(session)
+    logits = session.forward(nxt).logits[:, -1]
+    for b, path in enumerate(TREE_PATHS):
+        ref, _ = runner.prefill(ids, mask, SLOTS)
+        if path:
+            ref.forward(tokens[:, path])
+        _assert_row(got, _states(ref), b)
+        torch.testing.assert_close(logits[b], ref.forward(nxt).logits[b, -1], rtol=1e-4, atol=1e-4)
 
 
 def _no_replay(*args, **kwargs):
@@ -227,24 +277,28 @@ def tiny_law():
     return verifier, perturbed_copy(verifier, 0.5), exact_joint(verifier, PROMPT, 3, **SAMPLING)
 
 
-def _sampled_pvalue(tiny_law) -> float:
+def _sampled_pvalue(tiny_law, tree: str | None = None) -> float:
     verifier, draft, exact = tiny_law
-    spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=2)
+    spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=2, **({"tree": tree} if tree else {}))
     out = spec.generate(PROMPT.expand(2000, -1), max_new_tokens=3, do_sample=True,
                         generator=torch.Generator().manual_seed(42), **SAMPLING)
     assert spec.last_stats.proposed > spec.last_stats.accepted > 0  # rows rejected drafts: rollbacks ran
     return chi2(tally(out[:, 3:].tolist()), exact, out.shape[0])
 
 
-def test_sampling_follows_the_verifier(tiny_law):
-    assert _sampled_pvalue(tiny_law) > ALPHA
+@pytest.mark.parametrize("tree", [None, "static"])
+def test_sampling_follows_the_verifier(tiny_law, tree):
+    assert _sampled_pvalue(tiny_law, tree) > ALPHA
 
 
-def test_sampling_check_catches_a_state_selected_one_token_late(tiny_law, monkeypatch):
-    """Negative control: rows that rejected a draft get the state after one more token than they kept."""
-    after = PerPosition.after
-    monkeypatch.setattr(PerPosition, "after", lambda self, tokens, index, kernel: after(self, tokens + 1, index, kernel))
-    assert _sampled_pvalue(tiny_law) < ALPHA
+@pytest.mark.parametrize("tree", [None, "static"])
+def test_sampling_check_catches_a_state_selected_one_token_late(tiny_law, monkeypatch, tree):
+    """Negative control: rows that rejected a draft get the state after the next token of the forward (a tree's
+    last node: the one before) instead of their last kept one's."""
+    at = PerPosition.at
+    late = lambda self, slot, index: at(self, slot + 1 if slot + 1 < len(self.recurrent[0]) else slot - 1, index)
+    monkeypatch.setattr(PerPosition, "at", late)
+    assert _sampled_pvalue(tiny_law, tree) < ALPHA
 
 
 def test_sampling_check_catches_a_stale_recurrent_state(tiny_law, monkeypatch):
@@ -254,13 +308,6 @@ def test_sampling_check_catches_a_stale_recurrent_state(tiny_law, monkeypatch):
 
 
 # ---- refusals -----------------------------------------------------------------------------------------------------
-
-
-def test_trees_are_refused_in_one_line():
-    model = _model("qwen3_next")
-    with pytest.raises(UnsupportedModelError, match="recurrent layers.*mix its branches") as err:
-        specdec.SpeculativeModel(model, "prompt-lookup", tree="static")
-    assert "\n" not in str(err.value)
 
 
 def test_compiled_verifier_is_refused_in_one_line():
@@ -279,7 +326,7 @@ def test_a_compiled_hybrid_drafter_runs_eagerly_with_a_warning():
 def test_a_model_whose_mamba1_scan_cannot_be_routed_is_refused(monkeypatch):
     """Where transformers' Mamba-1 scan (no initial state) cannot be replaced by specdec's, a verify pass would
     restart from zero: refused in one line."""
-    monkeypatch.setattr(scans, "install", lambda mixer: False)
+    monkeypatch.setattr(scans, "install", lambda mixer: set())
     with pytest.raises(UnsupportedModelError, match="zero state") as err:
         specdec.SpeculativeModel(_model("mamba", seed=1), "prompt-lookup")
     assert "\n" not in str(err.value)

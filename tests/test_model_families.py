@@ -16,11 +16,10 @@ from law import ALPHA, chi2, exact_joint, tally
 
 # (family kind or model_type, mode) -> words the refusal must contain; any other refusal fails the test
 REFUSALS: dict[tuple[str, str], str] = {
-    ("hybrid", "tree"): "would mix its branches",
     ("hybrid", "compiled"): "cannot roll back",
     ("hybrid", "inductor"): "cannot roll back",
 }
-for _mode in ("tree", "compiled", "inductor"):  # pure recurrent models (mamba, falcon_mamba) as the hybrids
+for _mode in ("compiled", "inductor"):  # pure recurrent models (mamba, falcon_mamba) as the hybrids
     REFUSALS[("recurrent", _mode)] = REFUSALS[("hybrid", _mode)]
 
 _MODELS: dict[str, torch.nn.Module] = {}

@@ -289,8 +289,9 @@ class CausalLMRunner:
                               stacklevel=3)
                 self._compiled = None
         mask = inputs.get("attention_mask")
-        if self.recurrent is not None and self.recurrent.raw_mask and mask is not None and mask.dim() == 2:
-            inputs["attention_mask"] = mask[:, -inputs["input_ids"].shape[1] :]  # its mixers read the new tokens'
+        if self.recurrent is not None and self.recurrent.raw_mask and mask is not None:  # its mixers read the new
+            # tokens' padding; no attention layer reads a tree's mask (its recurrence follows the tree by itself)
+            inputs["attention_mask"] = mask[:, -inputs["input_ids"].shape[1] :] if mask.dim() == 2 else None
         out = self.model(**inputs, output_hidden_states=bool(hidden_layers))
         if self._kv_dtype is None and session.cache.layers and session.cache.layers[0].is_initialized:
             self._kv_dtype = session.cache.layers[0].keys.dtype
@@ -306,8 +307,6 @@ class CausalLMRunner:
     def check_tree_masks(self, purpose: str = "tree drafts need") -> None:
         """Raise :class:`UnsupportedModelError` if this model cannot take a custom 4-D attention mask
         (``purpose`` says who needs one)."""
-        if self.recurrent is not None:
-            raise UnsupportedModelError(f"the {self.role}: " + recurrent.refusal(self.model, "tree"))
         impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
         if impl not in ("eager", "sdpa"):
             raise UnsupportedModelError(

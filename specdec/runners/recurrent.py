@@ -131,7 +131,7 @@ def layout(model: torch.nn.Module) -> Layout | None:
     # Mamba-1 mixer whose scan cannot be routed there would restart each verify pass from zero
     installed = {idx: scans.install(m) for idx, m in mixers.items()}
     restarts = sorted({type(m).__name__ for idx, m in mixers.items()
-                       if _RESTARTS_STATE in _source(m) and not installed[idx]})
+                       if _RESTARTS_STATE in _source(m) and "mamba_selective_scan" not in installed[idx]})
     if restarts:
         raise ValueError(f"its mixer {restarts[0]} scans several tokens from a zero state (transformers' "
                          "mamba_selective_scan takes no initial state), so a verify pass cannot continue a sequence")
@@ -169,12 +169,9 @@ def _skip_filler(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any
     return None if history is None else history.skip_filler(module.layer_idx, output)
 
 
-def refusal(model: torch.nn.Module, feature: str) -> str:
-    """The one-line reason ``feature`` is refused for a hybrid ``model``."""
+def refusal(model: torch.nn.Module, feature: str = "compile") -> str:
+    """The one-line reason ``feature`` (a static compiled pass) is refused for a hybrid ``model``."""
     kind = getattr(model.config, "model_type", type(model).__name__)
-    if feature == "tree":
-        return (f"{kind} has recurrent layers, which read a tree's nodes in sequence and would mix its branches; "
-                "tree drafts are refused for it (use chains)")
     return (f"{kind} has recurrent layers, whose state a static compiled pass (compile_verifier) cannot roll back; "
             "it is refused for this model")
 
@@ -189,6 +186,8 @@ class _Pass:
     at: dict[int, PerPosition] = field(default_factory=dict)  # layers whose states after every token were kept
     all_real: bool = True
     filler: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # real positions -> rows with filler
+    tree: bool = False  # a tree's nodes, each after its parent: the live state stays the tree's base
+    swapped: dict[int, Snapshot] = field(default_factory=dict)  # a one-node tree forward: each layer's base state
 
 
 class RecurrentHistory:
@@ -214,7 +213,7 @@ class RecurrentHistory:
         if self._open is not None and layer_idx in self.layers:
             layer = self.layers[layer_idx]  # the state a scan that takes none continues from (Mamba-1)
             scans.enter_mixer(layer.recurrent_states[0] if layer.has_previous_state.get(0)
-                                  and layer.is_recurrent_states_initialized.get(0) else None)
+                              and layer.is_recurrent_states_initialized.get(0) else None, layer.tree)
             if "hidden_states" in kwargs:
                 args = (kwargs["hidden_states"], *args)
             if args and all(not isinstance(a, torch.Tensor) for a in args[1:]):
@@ -222,19 +221,70 @@ class RecurrentHistory:
                         and not isinstance(v, torch.Tensor)}
                 self._open.inputs[layer_idx] = (cache_name, args, kept)
 
-    def before_forward(self, width: int, valid: torch.Tensor | None = None) -> None:
+    def before_forward(self, width: int, valid: torch.Tensor | None = None,
+                       tree_mask: torch.Tensor | None = None) -> None:
         """Checkpoint every recurrent layer and start recording a forward of ``width`` tokens. ``valid [batch,
         width]``: which tokens are real; once a row has state, its filler (a drafter's left-aligned catch-up) is
         kept out of every recurrence (:meth:`skip_filler`); the prefill's left padding is part of the sequence, as
-        in ``generate``."""
-        self._open = _Pass(width, {i: layer.states(copy=width == 1) for i, layer in self.layers.items()},
-                           all_real=valid is None)
+        in ``generate``. ``tree_mask [batch, width, t]``: the forward is a tree's (each node from its parent's state;
+        the tree's filler nodes are never kept)."""
+        tree = tree_mask is not None
+        self._open = _Pass(width, {i: layer.states(copy=width == 1 and not tree) for i, layer in self.layers.items()},
+                           all_real=valid is None or tree, tree=tree)
         scans.begin()
         self._end = self._pointers[0].length + width if self._pointers else 0
-        if valid is not None and any(f for snap in self._open.before.values() for f in snap.had_state.values()):
+        if tree:
+            self._plant_tree(tree_mask)
+        elif valid is not None and any(f for snap in self._open.before.values() for f in snap.had_state.values()):
             for b, row in enumerate(valid.tolist()):  # one read, in ragged catch-ups only
                 if not all(row):
                     self._open.filler.setdefault(tuple(i for i, v in enumerate(row) if v), []).append(b)
+
+    def _plant_tree(self, tree_mask: torch.Tensor) -> None:
+        """Give each layer its tree inputs: every new node's parent (from ``tree_mask``, on the device) in a table of
+        the tree's base state (the live one: tree forwards leave it) and the nodes of earlier forwards of the tree."""
+        width, t = tree_mask.shape[1], tree_mask.shape[2]
+        slots = torch.arange(t, device=tree_mask.device)
+        ancestors = tree_mask & (slots.unsqueeze(0) < slots[t - width :].unsqueeze(1))
+        parents = (ancestors * (slots + 1)).amax(dim=-1)  # the nearest ancestor's slot + 1; 0: the base
+        earlier = self._tree_nodes(t - width)
+        for i, layer in self.layers.items():
+            base = self._open.before[i]
+            if not base.had_state or not all(base.had_state.values()):
+                raise RuntimeError("a tree forward needs the recurrent state of the tokens before it (not a prefill)")
+            conv = {s: torch.cat([c.unsqueeze(0), *([earlier[i][0][s]] if t > width else [])]) for s, c in
+                    base.conv.items()}
+            recurrent = {s: torch.cat([r.unsqueeze(0), *([earlier[i][1][s]] if t > width else [])]) for s, r in
+                         base.recurrent.items()}
+            if width > 1:
+                layer.tree = scans.Tree(parents, conv, recurrent)
+                continue
+            # one node: the mixer's one-token path, which updates its states in place, runs on its parent's (copies)
+            rows = torch.arange(parents.shape[0], device=parents.device)
+            self._open.swapped[i] = base
+            for s, table in conv.items():
+                layer.conv_states[s] = table[parents[:, 0], rows]
+            for s, table in recurrent.items():
+                layer.recurrent_states[s] = table[parents[:, 0], rows]
+
+    def _tree_nodes(self, count: int) -> dict[int, tuple[dict, dict]]:
+        """Each layer's states after the ``count`` newest tree nodes (written by the forwards just before), as
+        tables ``[count, batch, ...]`` per conv and recurrent state."""
+        if count == 0:
+            return {}
+        trailing = []
+        for p in reversed(self.passes):
+            if not p.tree or sum(q.width for q in trailing) >= count:
+                break
+            trailing.insert(0, p)
+        if sum(p.width for p in trailing) < count:
+            raise RuntimeError(f"a tree forward sees {count} earlier nodes, but the forwards before it wrote "
+                               f"{sum(p.width for p in trailing)} tree nodes")
+        out = {}
+        for i in self.layers:
+            tables = [p.at[i].nodes() for p in trailing]
+            out[i] = tuple({s: torch.cat([tab[k][s] for tab in tables])[-count:] for s in tables[0][k]} for k in (0, 1))
+        return out
 
     def after_forward(self) -> None:
         """Close the forward: it joins the history."""
@@ -244,7 +294,14 @@ class RecurrentHistory:
             return
         for i, layer in self.layers.items():
             kept = layer.take_positions()
-            if done.all_real and done.width > 1 and kept.covers(done.before[i]):
+            layer.tree = None
+            if i in done.swapped:  # a one-node tree forward: the node's states are what the mixer left; the base returns
+                base = done.swapped[i]
+                kept = PerPosition({s: torch.stack([c, layer.conv_states[s]], dim=2) for s, c in base.conv.items()},
+                                   {s: [layer.recurrent_states[s]] for s in base.recurrent})
+                layer.conv_states.update(base.conv)
+                layer.recurrent_states.update(base.recurrent)
+            if done.tree or (done.all_real and done.width > 1 and kept.covers(done.before[i])):
                 done.at[i] = kept
         for layer in self._pointers:
             layer.length = self._end
@@ -271,29 +328,39 @@ class RecurrentHistory:
         return output
 
     def keep_recent(self, n: int, kept: list[int]) -> None:
-        """Of the ``n`` newest tokens of each row (whole forwards, all real), row ``b`` keeps the first ``kept[b]``:
-        restore and replay what it needs; the history restarts."""
+        """Of the ``n`` newest tokens of each row (whole forwards, all real), row ``b`` keeps the first ``kept[b]``;
+        the history restarts."""
+        self.keep_last(n, [k - 1 for k in kept])
+
+    def keep_last(self, n: int, last: list[int], paths: bool = False) -> None:
+        """Of the ``n`` newest slots (whole forwards, all real), row ``b``'s state becomes the state after slot
+        ``last[b]`` (-1: before them): a prefix of a chain's tokens, or, with ``paths``, a path of a tree's (whose
+        state is its last node's). Selected where the forward kept its states per position, else restored and
+        replayed; the history restarts."""
         passes, self.passes = self.passes, []
-        if n == 0 or min(kept) == n:
+        if n == 0:
             return
         covered, first = 0, len(passes)
         while covered < n and first > 0:
             first -= 1
             covered += passes[first].width
-        if covered != n or not all(p.all_real for p in passes[first:]):
+        block = passes[first:]
+        if covered != n or not all(p.all_real for p in block):
             raise RuntimeError(f"cannot roll recurrent state back over the {n} newest tokens: they are not whole "
                                "forwards of real tokens since the last commit")
+        if paths and not all(p.tree for p in block):
+            raise RuntimeError("recurrent layers keep a prefix of a chain's tokens, or a path of a tree's nodes")
         groups: dict[tuple[int, int], list[int]] = {}
-        for b, k in enumerate(kept):
-            if k == n:
+        for b, slot in enumerate(last):
+            if slot == n - 1 and not block[-1].tree:  # the live state is the state after every token
                 continue
             offset, j = 0, first
-            while offset + passes[j].width <= k:
+            while slot >= offset + passes[j].width:
                 offset += passes[j].width
                 j += 1
-            groups.setdefault((j, k - offset), []).append(b)
-        for (j, r), rows in groups.items():
-            self._restore(passes[j], rows, list(range(r)))
+            groups.setdefault((j, slot - offset) if slot >= 0 else (first, -1), []).append(b)
+        for (j, slot), rows in groups.items():
+            self._restore(passes, j, slot, rows)
 
     def keep(self, dropped: list[int]) -> None:
         """Row ``b`` drops its ``dropped[b]`` newest tokens (all in forwards since the last commit)."""
@@ -325,18 +392,24 @@ class RecurrentHistory:
         return index, (done or self._open).before[i].select(index)
 
     @torch.inference_mode()
-    def _restore(self, done: _Pass, rows: list[int], positions: list[int]) -> None:
-        """Set ``rows``' states to those before ``done`` advanced by only its tokens at ``positions``."""
+    def _restore(self, passes: list[_Pass], j: int, slot: int, rows: list[int]) -> None:
+        """Set ``rows``' states to those after token ``slot`` of ``passes[j]`` (-1: before it)."""
+        done = passes[j]
         for i, layer in self.layers.items():
             index, start = self._rows(i, rows, done)
-            if positions and i in done.at:  # the state after each token was kept: select it, no replay
-                conv, recurrent = done.at[i].after(len(positions), index, layer.conv_kernel_size)
-            elif positions:
+            if slot >= 0 and i in done.at and (done.tree or slot < done.width - 1):
+                conv, recurrent = done.at[i].at(slot, index)  # kept per position: a selection, no replay
+            elif slot == done.width - 1 and j + 1 < len(passes):  # a chain forward's end: the next one's start
+                conv, recurrent = (s := passes[j + 1].before[i].select(index)).conv, s.recurrent
+            elif slot == done.width - 1:
+                continue  # the live state
+            elif slot >= 0:
                 if i not in done.inputs:
                     raise RuntimeError(f"layer {i}'s mixer input was not recorded: its call signature is not one "
                                        "specdec reads")
                 name, args, kwargs = done.inputs[i]
-                conv, recurrent, _ = self._replay(i, start, name, args, kwargs, index, positions, stepwise=True)
+                conv, recurrent, _ = self._replay(i, start, name, args, kwargs, index, list(range(slot + 1)),
+                                                  stepwise=True)
             else:
                 conv, recurrent = start.conv, start.recurrent
             layer.write_rows(index, conv, recurrent)

@@ -30,6 +30,7 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
         ManagedLayer.__init__(self, max_cache_len)
         LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
         self.at_positions = PerPosition()  # what the running forward left per position (scans.py)
+        self.tree: scans.Tree | None = None  # set for a tree forward: its nodes' parents and the states they start from
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         if args:  # keys and values (an attention update): the managed buffers
@@ -43,11 +44,17 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
             self.conv_states[state_idx] = self.conv_states[state_idx].to(conv_states.dtype)  # adopted across dtypes
         if not (self.has_previous_state[state_idx] and self.is_conv_states_initialized[state_idx]):
             return LinearAttentionLayer.update_conv_state(self, conv_states, state_idx, conv_kernel_size, **kwargs)
+        if self.tree is not None:  # each node's window from its parent's; the live state stays the tree's base
+            nodes = scans.tree_conv_states(conv_states, self.tree, state_idx)
+            base = self.conv_states[state_idx].unsqueeze(2)
+            self.at_positions.conv[state_idx] = torch.cat([base, nodes.permute(1, 2, 0, 3)], dim=2)
+            return conv_states
         # [state before | the new inputs]: the state after r of them is window[..., r : r + kernel]. The new state
         # is a new tensor, so the one before stays as it was (the history's checkpoint of a multi-token forward).
         window = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
-        self.conv_states[state_idx] = window[..., -self.conv_kernel_size[state_idx] :].contiguous()
-        self.at_positions.conv[state_idx] = window
+        kernel = self.conv_kernel_size[state_idx]
+        self.conv_states[state_idx] = window[..., -kernel:].contiguous()
+        self.at_positions.conv[state_idx] = window.unfold(-1, kernel, 1)  # [batch, channels, width + 1, kernel]
         return window
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
@@ -55,6 +62,11 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
             return LinearAttentionLayer.update_recurrent_state(self, recurrent_states, state_idx, **kwargs)
         stack = scans.take(recurrent_states)
         dtype = self.recurrent_states[state_idx].dtype
+        if self.tree is not None:  # the live state stays the tree's base
+            if stack is None:
+                raise RuntimeError("a tree forward's recurrent state did not come from specdec's scans")
+            self.at_positions.recurrent[state_idx] = stack
+            return self.recurrent_states[state_idx]
         if stack is not None:  # the scan's own last state: nothing reads it in place later (rollbacks pick r < width)
             self.at_positions.recurrent[state_idx] = stack
             self.recurrent_states[state_idx] = recurrent_states.to(dtype)
@@ -141,8 +153,9 @@ class StatelessLayer(ManagedLayer):
 
 @dataclass
 class PerPosition:
-    """One recurrent layer's states after every token of one multi-token forward: each conv state's window
-    ``[batch, channels, kernel + width]`` and each recurrent state's list of ``width`` states ``[batch, ...]``."""
+    """One recurrent layer's states after every token of one multi-token forward (a chain's tokens, or a tree's nodes,
+    each after its parent): each conv state ``[batch, channels, 1 + width, kernel]`` (index 0: before the forward)
+    and each recurrent state's ``width`` states ``[batch, ...]``."""
 
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     recurrent: dict[int, list[torch.Tensor]] = field(default_factory=dict)
@@ -152,12 +165,17 @@ class PerPosition:
         return bool(snapshot.had_state) and set(snapshot.conv) <= set(self.conv) \
             and set(snapshot.recurrent) <= set(self.recurrent)
 
-    def after(self, tokens: int, index: torch.Tensor, kernel: dict[int, int]
-              ) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
-        """Rows ``index``'s conv and recurrent states after the forward's first ``tokens`` (>= 1) tokens."""
-        conv = {s: w[index.to(w.device), :, tokens : tokens + kernel[s]] for s, w in self.conv.items()}
-        recurrent = {s: st[tokens - 1][index.to(st[0].device)] for s, st in self.recurrent.items()}
+    def at(self, slot: int, index: torch.Tensor) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Rows ``index``'s conv and recurrent states after the forward's token ``slot`` (0-based)."""
+        conv = {s: w[index.to(w.device), :, slot + 1] for s, w in self.conv.items()}
+        recurrent = {s: st[slot][index.to(st[0].device)] for s, st in self.recurrent.items()}
         return conv, recurrent
+
+    def nodes(self) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Every token's states as a table: conv ``[width, batch, channels, kernel]``, recurrent ``[width, batch,
+        ...]`` (the entries a later forward of the same tree starts from)."""
+        return ({s: w[:, :, 1:].permute(2, 0, 1, 3) for s, w in self.conv.items()},
+                {s: torch.stack(st) for s, st in self.recurrent.items()})
 
     def select(self, rows: torch.Tensor) -> PerPosition:
         return PerPosition({i: w[rows.to(w.device)] for i, w in self.conv.items()},

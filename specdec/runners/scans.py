@@ -14,6 +14,11 @@ from the state the mixer's cache layer held when the mixer was called (:func:`en
 
 Convolution states need no scan: the cache layer keeps the window ``[previous state | new inputs]`` that
 ``update_conv_state`` builds anyway, and the state after ``r`` tokens is a slice of it.
+
+A tree forward (:class:`Tree`, handed to each mixer by :func:`enter_mixer`) computes every node from its parent's
+state: the recurrence gathers the parent's state from a table (the state before the tree, the nodes of earlier
+forwards of the same tree, then this forward's), and so does the convolution (:func:`tree_conv_states`, with
+``causal_conv1d_fn`` reading the nodes' windows, :func:`tree_conv`). Nodes come after their parents.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers.activations import ACT2FN
 
 _local = threading.local()
 _PATCHED = "_specdec_positions"  # set on a dispatcher that already wraps a transformers scan
@@ -42,7 +49,7 @@ def begin() -> None:
 def end() -> None:
     _local.depth = max(getattr(_local, "depth", 0) - 1, 0)
     if not _local.depth:
-        _local.stash = _local.initial = None
+        _local.stash = _local.initial = _local.tree = _local.conv_nodes = None
 
 
 @contextlib.contextmanager
@@ -55,10 +62,74 @@ def capture() -> Iterator[None]:
         end()
 
 
-def enter_mixer(initial: torch.Tensor | None) -> None:
+@dataclass
+class Tree:
+    """One recurrent layer's inputs for a tree forward: each new node's parent as an index into the table (0: the
+    state before the tree; then the nodes of earlier forwards of the tree; then this forward's nodes, each after its
+    parent), and the table's first entries, per state index: conv ``[entries, batch, channels, kernel]``, recurrent
+    ``[entries, batch, ...]``."""
+
+    parents: torch.Tensor  # [batch, width] long
+    conv: dict[int, torch.Tensor]
+    recurrent: dict[int, torch.Tensor]
+
+
+def enter_mixer(initial: torch.Tensor | None, tree: Tree | None = None) -> None:
     """A mixer is about to run: ``initial`` is its layer's recurrent state (None: none yet), for a scan whose caller
-    passes none (Mamba-1)."""
-    _local.initial = initial
+    passes none (Mamba-1); ``tree``: this forward is a tree's."""
+    _local.initial, _local.tree = initial, tree
+
+
+def _tree() -> Tree | None:
+    return getattr(_local, "tree", None)
+
+
+def _walk(initial: torch.Tensor, width: int, step: Callable[[torch.Tensor, int], torch.Tensor]) -> list[torch.Tensor]:
+    """The state after each of ``width`` tokens, ``step(state before, t)`` computing token ``t``'s: a chain
+    continues from the previous token's, a tree node from its parent's (:class:`Tree`)."""
+    tree, states = _tree(), []
+    if tree is None:
+        state = initial
+        for t in range(width):
+            state = step(state, t)
+            states.append(state)
+        return states
+    table = torch.cat([tree.recurrent[0].to(initial), initial.new_empty(width, *initial.shape)])
+    first, rows = table.shape[0] - width, torch.arange(initial.shape[0], device=initial.device)
+    for t in range(width):
+        table[first + t] = step(table[tree.parents[:, t], rows], t)
+    return list(table[first:].unbind(0))
+
+
+def tree_conv_states(inputs: torch.Tensor, tree: Tree, state_idx: int) -> torch.Tensor:
+    """Each new node's conv state ``[width, batch, channels, kernel]``: its parent's shifted by one, then the node's
+    own input (``inputs [batch, channels, width]``)."""
+    width = inputs.shape[-1]
+    table = tree.conv[state_idx].to(inputs.dtype)
+    table = torch.cat([table, table.new_empty(width, *table.shape[1:])])
+    first, rows = table.shape[0] - width, torch.arange(inputs.shape[0], device=inputs.device)
+    for t in range(width):
+        parent = table[tree.parents[:, t], rows]
+        table[first + t] = torch.cat([parent[..., 1:], inputs[:, :, t : t + 1]], dim=-1)
+    nodes = table[first:]
+    _local.conv_nodes = nodes
+    return nodes
+
+
+def tree_conv(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+              activation: str | None = None, **kwargs) -> torch.Tensor:
+    """``causal_conv1d_fn`` of a tree forward: each node's output from its own window (:func:`tree_conv_states`),
+    ``[batch, channels, width]``."""
+    nodes, _local.conv_nodes = _local.conv_nodes, None
+    if nodes.shape[0] != hidden_states.shape[-1]:
+        raise RuntimeError(f"a tree convolution over {hidden_states.shape[-1]} tokens got {nodes.shape[0]} windows")
+    out = (nodes.to(weight.dtype) * weight).sum(dim=-1)
+    if bias is not None:
+        out = out + bias
+    out = out.permute(1, 2, 0)
+    if activation is not None:
+        out = ACT2FN[activation](out)
+    return out.to(hidden_states.dtype)
 
 
 def _stash(final: torch.Tensor, states: list[torch.Tensor]) -> None:
@@ -90,18 +161,19 @@ def gated_delta_scan(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         query = query * torch.rsqrt((query * query).sum(dim=-1, keepdim=True) + 1e-6)
         key = key * torch.rsqrt((key * key).sum(dim=-1, keepdim=True) + 1e-6)
     query = query / (query.shape[-1] ** 0.5)
-    batch, heads, width, k_dim = key.shape
-    state = initial_state.to(value)
-    states = []
+    width = key.shape[2]
     out = torch.zeros_like(value)
-    for i in range(width):
+
+    def step(state: torch.Tensor, i: int) -> torch.Tensor:
         q_t, k_t, v_t = query[:, :, i], key[:, :, i], value[:, :, i]
         state = state * decay[:, :, i].exp()[..., None, None]
         kv_mem = (state * k_t.unsqueeze(-1)).sum(dim=-2)
         delta = (v_t - kv_mem) * beta[:, :, i].unsqueeze(-1)
         state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
         out[:, :, i] = (state * q_t.unsqueeze(-1)).sum(dim=-2)
-        states.append(state)
+        return state
+
+    states = _walk(initial_state.to(value), width, step)
     final = states[-1]
     _stash(final, states)
     return out.transpose(1, 2).contiguous().to(dtype), final
@@ -124,13 +196,14 @@ def ssd_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: 
     B = B.float().repeat_interleave(repeat, dim=2, output_size=heads)
     C = C.float().repeat_interleave(repeat, dim=2, output_size=heads)
     decay = torch.exp(dt * A.float())  # [batch, width, heads]
-    state = initial_states.float()
-    states = []
     out = x.new_empty(batch, width, heads, head_dim)
-    for t in range(width):
+
+    def step(state: torch.Tensor, t: int) -> torch.Tensor:
         state = state * decay[:, t, :, None, None] + (dt[:, t, :, None, None] * B[:, t, :, None, :]) * x[:, t, ..., None]
         out[:, t] = torch.matmul(state, C[:, t, :, :, None]).squeeze(-1)
-        states.append(state)
+        return state
+
+    states = _walk(initial_states.float(), width, step)
     if D is not None:
         out = out + x * D[:, None]
     final = states[-1]
@@ -152,14 +225,14 @@ def selective_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tenso
     B, C = B.transpose(1, 2), C.transpose(1, 2)  # [batch, width, state]
     decay = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
     update = dt[:, :, :, None] * B[:, None, :, :].float() * hidden_states[:, :, :, None].float()
-    state = _local.initial.float()
-    states = []
-    out = []
-    for t in range(width):
+    scan = update.new_empty(batch, channels, width, dtype=dtype)
+
+    def step(state: torch.Tensor, t: int) -> torch.Tensor:
         state = decay[:, :, t] * state + update[:, :, t]
-        out.append(torch.matmul(state.to(dtype), C[:, t, :].unsqueeze(-1))[:, :, 0])
-        states.append(state)
-    scan = torch.stack(out, dim=-1)
+        scan[:, :, t] = torch.matmul(state.to(dtype), C[:, t, :].unsqueeze(-1))[:, :, 0]
+        return state
+
+    states = _walk(_local.initial.float(), width, step)
     if D is not None:
         scan = scan + hidden_states * D[None, :, None]
     if z is not None:
@@ -174,19 +247,20 @@ SCANS: dict[str, tuple[Callable, Callable[[dict], bool]]] = {
     "torch_chunk_gated_delta_rule": (gated_delta_scan, lambda kw: kw.get("initial_state") is not None),
     "mamba2_chunk_scan": (ssd_scan, lambda kw: kw.get("initial_states") is not None),
     "mamba_selective_scan": (selective_scan, lambda kw: getattr(_local, "initial", None) is not None),
+    "causal_conv1d_fn": (tree_conv, lambda kw: getattr(_local, "conv_nodes", None) is not None),
 }
 
 
-def install(mixer: torch.nn.Module) -> bool:
-    """Route the scans of ``mixer``'s transformers module through :data:`SCANS` (once per module); True if that
-    module has one of them."""
+def install(mixer: torch.nn.Module) -> set[str]:
+    """Route the scans of ``mixer``'s transformers module through :data:`SCANS` (once per module); the names that
+    module has."""
     module = sys.modules.get(type(mixer).__module__)
-    found = False
+    found = set()
     for name, (ours, applies) in SCANS.items():
         original = getattr(module, name, None)
         if original is None:
             continue
-        found = True
+        found.add(name)
         if not getattr(original, _PATCHED, False):
             setattr(module, name, _dispatcher(original, ours, applies))
     return found

@@ -139,7 +139,7 @@ class CacheSession:
         else:  # other attention kernels (flash, flex): transformers builds the mask from the padding mask
             mask = seen.long()
         if self.recurrent is not None:
-            self.recurrent.before_forward(n, valid)
+            self.recurrent.before_forward(n, valid, tree_mask)
         try:
             out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
                                   position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache},
@@ -315,10 +315,9 @@ class CacheSession:
         device: a read)."""
         start, device = self.length - n, self.valid.device
         kept = [len(row) for row in rows]
-        if self.recurrent is not None:  # a recurrent state keeps a prefix of what it read, never a tree path
-            if any(row != list(range(len(row))) for row in rows):
-                raise RuntimeError("recurrent layers cannot keep a subset of slots that is not a prefix")
-            self.recurrent.keep_recent(n, kept)
+        if self.recurrent is not None:  # a prefix of a chain, or a path of a tree: the state after its last slot
+            self.recurrent.keep_last(n, [row[-1] if row else -1 for row in rows],
+                                     paths=any(row != list(range(len(row))) for row in rows))
         if any(row != list(range(len(row))) for row in rows):  # not a prefix: gather the kept slots to the front
             order = [row + [i for i in range(n) if i not in set(row)] for row in map(list, rows)]
             order = upload(order, torch.long, device).view(len(rows), n)
