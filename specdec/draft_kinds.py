@@ -232,15 +232,16 @@ def _build_mtp(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_to
 
 def _check_mtp_config(spec: DraftSpec, config: Any) -> None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if not getattr(text, "num_mtp_layers", 0):
+    if not (getattr(text, "num_mtp_layers", 0) or getattr(text, "mtp_num_hidden_layers", 0)):
         raise DraftSpecError(f"{spec.text}: model type {getattr(config, 'model_type', '?')!r} has no MTP layers (its "
-                             "config sets no num_mtp_layers); use another drafter, e.g. prompt-lookup")
+                             "config sets no num_mtp_layers or mtp_num_hidden_layers); use another drafter, e.g. "
+                             "prompt-lookup")
 
 
 register_kind(DrafterKind(
     "mtp", "mtp", _build_mtp, parse=lambda text, arg: {} if arg is None else None, check_verifier=_check_mtp_config,
     describe=lambda spec, verifier: {
-        "description": "mtp: the verifier's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5 style), read "
+        "description": "mtp: the verifier's own multi-token-prediction layers (DeepSeek-V3, GLM-4.5, Qwen3.5 style), read "
                        "from its checkpoint, reading its hidden states; recursive past their trained depth",
         "note": "acceptance is what the model's MTP training gives: highest at the first draft, falling past the "
                 "trained depth"},

@@ -26,6 +26,7 @@ import torch
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
 from specdec.drafters.model import processed_scores
+from specdec.drafters.qwen_mtp import is_qwen_mtp, load_qwen_mtp, qwen_mtp_layer_count
 from specdec.protocol import Commit, DraftChain, DraftContext, Rows, left_pads
 from specdec.runners.cache import ManagedCache
 from specdec.runners.hf import UnsupportedModelError
@@ -40,9 +41,10 @@ class MtpUnavailableError(UnsupportedModelError):
 
 
 def mtp_layer_count(config: Any) -> int:
-    """How many MTP layers ``config`` declares (``num_mtp_layers`` of its text config; 0 when none)."""
+    """How many MTP layers ``config`` declares (``num_mtp_layers`` of its text config, Qwen's
+    ``mtp_num_hidden_layers``; 0 when none)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return int(getattr(text, "num_mtp_layers", 0) or 0)
+    return int(getattr(text, "num_mtp_layers", 0) or 0) or qwen_mtp_layer_count(config)
 
 
 def load_mtp_layers(model: Any) -> torch.nn.Module:
@@ -51,6 +53,11 @@ def load_mtp_layers(model: Any) -> torch.nn.Module:
 
     Raises :class:`MtpUnavailableError` (one line) when the config declares none or the checkpoint holds none."""
     kind = getattr(model.config, "model_type", type(model).__name__)
+    if is_qwen_mtp(model.config):  # Qwen3.5 / Qwen3-Next: mtp.* tensors, read by specdec
+        try:
+            return load_qwen_mtp(model)
+        except (LookupError, RuntimeError, OSError) as err:
+            raise MtpUnavailableError(f"draft='mtp': the {kind!r} model has no usable MTP layers: {err}") from None
     count = mtp_layer_count(model.config)
     if count < 1:
         raise MtpUnavailableError(f"draft='mtp': model type {kind!r} has no MTP layers (its config sets no "

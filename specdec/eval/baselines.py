@@ -91,9 +91,13 @@ def _generate_heuristic(model: Any, input_ids: Any, **kwargs: Any) -> Any:
 def _mtp_kwargs(setup: BaselineSetup) -> dict[str, Any]:
     """``hf-mtp``'s arguments; a model without MTP layers is refused here, in one line, before anything runs."""
     from specdec.drafters.mtp import MtpUnavailableError, mtp_layer_count
+    from specdec.drafters.qwen_mtp import is_qwen_mtp
 
+    kind = getattr(setup.model.config, "model_type", type(setup.model).__name__)
+    if is_qwen_mtp(setup.model.config):
+        raise MtpUnavailableError(f"{HF_MTP}: transformers' use_mtp cannot read the {kind!r} model's mtp.* layers "
+                                  "(it drops them on load): leave hf-mtp out of --baselines")
     if mtp_layer_count(setup.model.config) < 1:
-        kind = getattr(setup.model.config, "model_type", type(setup.model).__name__)
         raise MtpUnavailableError(f"{HF_MTP}: model type {kind!r} has no MTP layers (its config sets no "
                                   "num_mtp_layers): leave hf-mtp out of --baselines")
     return {"use_mtp": True}
