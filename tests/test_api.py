@@ -295,9 +295,6 @@ def test_unsupported_models():
     t5 = tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=VOCAB, d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16))
     with pytest.raises(specdec.UnsupportedModelError, match="encoder-decoder"):
         specdec.SpeculativeModel(t5, t5)
-    mamba = tf.MambaForCausalLM(tf.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, state_size=4))
-    with pytest.raises(specdec.UnsupportedModelError, match="mamba"):
-        specdec.SpeculativeModel(mamba, mamba)
     with pytest.raises(TypeError, match="cannot use int as a drafter"):
         specdec.SpeculativeModel(make_model("llama"), 42)
     with pytest.raises(FileNotFoundError, match="never downloads"):

@@ -13,7 +13,7 @@ from tiny_models import COMMON, VOCAB, left_padded, perturbed_copy
 import specdec
 from specdec.runners import CausalLMRunner
 from specdec.runners.hf import UnsupportedModelError
-from specdec.runners import scans
+from specdec.runners import capture, scans
 from specdec.runners.recurrent import PerPosition, RecurrentHistory, RecurrentLayer
 
 # pure recurrent models (no attention at all): Mamba-2, and Mamba-1 (whose scan specdec continues from the state)
@@ -310,9 +310,35 @@ def test_sampling_check_catches_a_stale_recurrent_state(tiny_law, monkeypatch):
 # ---- refusals -----------------------------------------------------------------------------------------------------
 
 
-def test_compiled_verifier_is_refused_in_one_line():
+# dynamo's eager backend over the static passes (padded as for CUDA graphs), and raw graphs' stand-in with every pass
+# traced as one graph (capture.PROVE: no graph break, no guard that changes between passes)
+COMPILED = {"dynamo": {"backend": "eager"}, "graphs": "graphs"}
+COMPILED_FAST = {("qwen3_next", "dynamo"), ("nemotron_h", "graphs"), ("mamba", "graphs")}  # Gated DeltaNet, Mamba-2, -1
+
+
+@pytest.mark.parametrize("arch,how", [pytest.param(a, h, marks=() if (a, h) in COMPILED_FAST else pytest.mark.slow)
+                                      for a in ARCHS for h in COMPILED])
+def test_compiled_verifier_matches_generate(arch, how, monkeypatch):
+    """Static passes over recurrent layers: states in place, each state per position in fixed buffers, the commit
+    selecting from them (filler past a pass's tokens included), at batch 1 and ragged with retirements."""
+    monkeypatch.setattr(capture, "PROVE", True)
+    model, drafts = _model(arch), perturbed_copy(_model(arch), 0.05)
+    for draft in ("prompt-lookup", drafts):
+        spec = specdec.SpeculativeModel(model, draft, num_draft_tokens=3, compile_verifier=COMPILED[how])
+        spec.verifier.static.pads = True  # a chain's passes padded to one width, as CUDA graphs take them
+        ids = _prompt(7, seed=2)
+        kwargs = dict(max_new_tokens=14, do_sample=False, eos_token_id=None)
+        assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs)), f"{arch} batch 1"
+        ids, mask = left_padded([5, 9, 3], seed=3)
+        eos = int(model.generate(ids[:1, -5:], max_new_tokens=6, do_sample=False, eos_token_id=None)[0, -2])
+        kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs)), f"{arch} ragged"
+        assert spec.verifier.static.failed is None and spec.verifier.static.passes > 0
+
+
+def test_trees_under_a_compiled_verifier_are_refused_in_one_line():
     with pytest.raises(UnsupportedModelError, match="recurrent layers.*compile_verifier") as err:
-        specdec.SpeculativeModel(_model("lfm2"), "prompt-lookup", compile_verifier=True)
+        specdec.SpeculativeModel(_model("lfm2"), "prompt-lookup", compile_verifier=True, tree="static")
     assert "\n" not in str(err.value)
 
 

@@ -15,12 +15,7 @@ from families import FAMILIES, MODES, SAMPLING, record
 from law import ALPHA, chi2, exact_joint, tally
 
 # (family kind or model_type, mode) -> words the refusal must contain; any other refusal fails the test
-REFUSALS: dict[tuple[str, str], str] = {
-    ("hybrid", "compiled"): "cannot roll back",
-    ("hybrid", "inductor"): "cannot roll back",
-}
-for _mode in ("compiled", "inductor"):  # pure recurrent models (mamba, falcon_mamba) as the hybrids
-    REFUSALS[("recurrent", _mode)] = REFUSALS[("hybrid", _mode)]
+REFUSALS: dict[tuple[str, str], str] = {}
 
 _MODELS: dict[str, torch.nn.Module] = {}
 

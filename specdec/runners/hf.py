@@ -165,7 +165,7 @@ class CausalLMRunner:
 
         Raises :class:`UnsupportedModelError` for models whose attention ignores custom 4-D masks: a static pass's
         masks span the whole buffer (per layer type, with sliding windows cut by position)."""
-        if self.recurrent is not None:
+        if self.recurrent is not None and self.role != "verifier":
             raise UnsupportedModelError(f"the {self.role}: " + recurrent.refusal(self.model, "compile"))
         self.check_tree_masks(purpose="a compiled verifier (compile_verifier) passes its own")
         # one per model and options, kept on the model as transformers keeps its compiled call: every wrapper of
@@ -300,6 +300,8 @@ class CausalLMRunner:
 
     def run_static(self, session: CacheSession, hidden_layers: tuple[int, ...], **inputs) -> StepOutput:
         """One static pass (:meth:`CacheSession.forward` of a static session) through the compiled model."""
+        if self.recurrent is not None and self.recurrent.raw_mask:  # no attention: its mixers take the tokens' padding
+            inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])  # (none in a chain's static pass)
         out = self.static(bool(hidden_layers), **inputs)
         hidden = torch.cat([out.hidden_states[i] for i in hidden_layers], dim=-1) if hidden_layers else None
         return StepOutput(out.logits, hidden)
@@ -307,6 +309,8 @@ class CausalLMRunner:
     def check_tree_masks(self, purpose: str = "tree drafts need") -> None:
         """Raise :class:`UnsupportedModelError` if this model cannot take a custom 4-D attention mask
         (``purpose`` says who needs one)."""
+        if self.recurrent is not None and self.static is not None and purpose == "tree drafts need":
+            raise UnsupportedModelError(f"the {self.role}: " + recurrent.refusal(self.model, "tree"))
         impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
         if impl not in ("eager", "sdpa"):
             raise UnsupportedModelError(

@@ -170,10 +170,14 @@ def _skip_filler(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any
 
 
 def refusal(model: torch.nn.Module, feature: str = "compile") -> str:
-    """The one-line reason ``feature`` (a static compiled pass) is refused for a hybrid ``model``."""
+    """The one-line reason ``feature`` is refused for a hybrid ``model``: trees under ``compile_verifier``, or a
+    model drafter's static passes."""
     kind = getattr(model.config, "model_type", type(model).__name__)
-    return (f"{kind} has recurrent layers, whose state a static compiled pass (compile_verifier) cannot roll back; "
-            "it is refused for this model")
+    if feature == "tree":
+        return (f"{kind} has recurrent layers, whose tree passes are not compiled: use trees without "
+                "compile_verifier, or chains with it")
+    return (f"{kind} has recurrent layers, whose catch-up filler a model drafter's static passes would feed into "
+            "its recurrence; compile it eagerly or not at all")
 
 
 @dataclass
@@ -187,6 +191,7 @@ class _Pass:
     all_real: bool = True
     filler: dict[tuple[int, ...], list[int]] = field(default_factory=dict)  # real positions -> rows with filler
     tree: bool = False  # a tree's nodes, each after its parent: the live state stays the tree's base
+    padded: bool = False  # a static pass with filler after its tokens: the live state is past them
     swapped: dict[int, Snapshot] = field(default_factory=dict)  # a one-node tree forward: each layer's base state
 
 
@@ -196,7 +201,13 @@ class RecurrentHistory:
     def __init__(self, cache: Any, plan: Layout) -> None:
         self.plan = plan
         for i, n in plan.states.items():  # the recurrent layers replace the plain managed ones
-            cache.layers[i] = RecurrentLayer(cache.max_cache_len, number_of_states=n)
+            if isinstance(cache.layers[i], RecurrentLayer):  # a pooled static cache: its buffers keep their addresses
+                with torch.inference_mode():
+                    cache.layers[i].reset()
+            else:
+                zero_init = cache.layers[i].zero_init  # a static cache's keys (falcon_h1's) start at zero
+                cache.layers[i] = RecurrentLayer(cache.max_cache_len, number_of_states=n)
+                cache.layers[i].zero_init = zero_init
         for i in plan.stateless:
             cache.layers[i] = StatelessLayer(cache.max_cache_len)
         self.layers: dict[int, RecurrentLayer] = {i: cache.layers[i] for i in plan.states}
@@ -221,18 +232,28 @@ class RecurrentHistory:
                         and not isinstance(v, torch.Tensor)}
                 self._open.inputs[layer_idx] = (cache_name, args, kept)
 
-    def before_forward(self, width: int, valid: torch.Tensor | None = None,
-                       tree_mask: torch.Tensor | None = None) -> None:
+    def before_forward(self, width: int, valid: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                       static: tuple[int, int] | None = None) -> None:
         """Checkpoint every recurrent layer and start recording a forward of ``width`` tokens. ``valid [batch,
         width]``: which tokens are real; once a row has state, its filler (a drafter's left-aligned catch-up) is
         kept out of every recurrence (:meth:`skip_filler`); the prefill's left padding is part of the sequence, as
         in ``generate``. ``tree_mask [batch, width, t]``: the forward is a tree's (each node from its parent's state;
-        the tree's filler nodes are never kept)."""
+        the tree's filler nodes are never kept). ``static``: a static pass (``compile_verifier``) of this width
+        (filler after the ``width`` tokens) and the widest pass of its call: states in place, per position into
+        the layers' fixed buffers."""
         tree = tree_mask is not None
-        self._open = _Pass(width, {i: layer.states(copy=width == 1 and not tree) for i, layer in self.layers.items()},
-                           all_real=valid is None or tree, tree=tree)
+        if static is not None and (tree or valid is not None):
+            raise RuntimeError("a static pass over recurrent layers takes a chain of real tokens")
+        copy = width == 1 and not tree and (static is None or static[0] == 1)  # one-token paths write in place
+        self._open = _Pass(width, {i: layer.states(copy=copy) for i, layer in self.layers.items()},
+                           all_real=valid is None or tree, tree=tree, padded=static is not None and static[0] > width)
+        if static is not None:
+            for layer in self.layers.values():
+                layer.static = True
+                layer.reserve_positions(static[1])
         scans.begin()
-        self._end = self._pointers[0].length + width if self._pointers else 0
+        # a static pass's pointers were moved already (ManagedCache.static_write)
+        self._end = self._pointers[0].length + (0 if static else width) if self._pointers else 0
         if tree:
             self._plant_tree(tree_mask)
         elif valid is not None and any(f for snap in self._open.before.values() for f in snap.had_state.values()):
@@ -295,6 +316,11 @@ class RecurrentHistory:
         for i, layer in self.layers.items():
             kept = layer.take_positions()
             layer.tree = None
+            if layer.static:  # what the pass wrote into the fixed buffers (a replayed graph runs no Python)
+                layer.static = False
+                if done.padded or done.width > 1:
+                    done.before[i], done.at[i] = layer.static_positions(done.width)
+                continue
             if i in done.swapped:  # a one-node tree forward: the node's states are what the mixer left; the base returns
                 base = done.swapped[i]
                 kept = PerPosition({s: torch.stack([c, layer.conv_states[s]], dim=2) for s, c in base.conv.items()},
@@ -327,16 +353,16 @@ class RecurrentHistory:
             self.layers[i].write_rows(index, conv, recurrent)
         return output
 
-    def keep_recent(self, n: int, kept: list[int]) -> None:
+    def keep_recent(self, n: int, kept: list[int], rows: list[int] | None = None) -> None:
         """Of the ``n`` newest tokens of each row (whole forwards, all real), row ``b`` keeps the first ``kept[b]``;
         the history restarts."""
-        self.keep_last(n, [k - 1 for k in kept])
+        self.keep_last(n, [k - 1 for k in kept], rows=rows)
 
-    def keep_last(self, n: int, last: list[int], paths: bool = False) -> None:
+    def keep_last(self, n: int, last: list[int], paths: bool = False, rows: list[int] | None = None) -> None:
         """Of the ``n`` newest slots (whole forwards, all real), row ``b``'s state becomes the state after slot
         ``last[b]`` (-1: before them): a prefix of a chain's tokens, or, with ``paths``, a path of a tree's (whose
         state is its last node's). Selected where the forward kept its states per position, else restored and
-        replayed; the history restarts."""
+        replayed; the history restarts. ``rows``: each row's buffer row (a static session keeps retired rows)."""
         passes, self.passes = self.passes, []
         if n == 0:
             return
@@ -352,20 +378,23 @@ class RecurrentHistory:
             raise RuntimeError("recurrent layers keep a prefix of a chain's tokens, or a path of a tree's nodes")
         groups: dict[tuple[int, int], list[int]] = {}
         for b, slot in enumerate(last):
-            if slot == n - 1 and not block[-1].tree:  # the live state is the state after every token
+            if slot == n - 1 and not (block[-1].tree or block[-1].padded):  # the live state is the one after them all
                 continue
             offset, j = 0, first
             while slot >= offset + passes[j].width:
                 offset += passes[j].width
                 j += 1
-            groups.setdefault((j, slot - offset) if slot >= 0 else (first, -1), []).append(b)
+            groups.setdefault((j, slot - offset) if slot >= 0 else (first, -1), []).append(b if rows is None else rows[b])
         for (j, slot), rows in groups.items():
             self._restore(passes, j, slot, rows)
 
-    def keep(self, dropped: list[int]) -> None:
+    def keep(self, dropped: list[int], rows: list[int] | None = None) -> None:
         """Row ``b`` drops its ``dropped[b]`` newest tokens (all in forwards since the last commit)."""
         width = sum(p.width for p in self.passes)
-        self.keep_recent(width, [width - d for d in dropped]) if any(dropped) else self.passes.clear()
+        if any(dropped) or (self.passes and self.passes[-1].padded):
+            self.keep_recent(width, [width - d for d in dropped], rows)
+        else:
+            self.passes.clear()
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Only these batch rows stay (the layers select their own rows)."""
@@ -397,7 +426,7 @@ class RecurrentHistory:
         done = passes[j]
         for i, layer in self.layers.items():
             index, start = self._rows(i, rows, done)
-            if slot >= 0 and i in done.at and (done.tree or slot < done.width - 1):
+            if slot >= 0 and i in done.at and (done.tree or done.padded or slot < done.width - 1):
                 conv, recurrent = done.at[i].at(slot, index)  # kept per position: a selection, no replay
             elif slot == done.width - 1 and j + 1 < len(passes):  # a chain forward's end: the next one's start
                 conv, recurrent = (s := passes[j + 1].before[i].select(index)).conv, s.recurrent

@@ -31,6 +31,11 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
         LinearAttentionLayer.__init__(self, number_of_states=number_of_states)
         self.at_positions = PerPosition()  # what the running forward left per position (scans.py)
         self.tree: scans.Tree | None = None  # set for a tree forward: its nodes' parents and the states they start from
+        # static passes (compile_verifier): states written in place, and each state per position into buffers of
+        # fixed address (index 0: before the pass), what a graph replays (:meth:`static_positions`)
+        self.static = False
+        self.pos_conv: dict[int, torch.Tensor] = {}  # [batch, channels, 1 + width, kernel]
+        self.pos_recurrent: dict[int, torch.Tensor] = {}  # [batch, 1 + width, ...]
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         if args:  # keys and values (an attention update): the managed buffers
@@ -44,6 +49,12 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
             self.conv_states[state_idx] = self.conv_states[state_idx].to(conv_states.dtype)  # adopted across dtypes
         if not (self.has_previous_state[state_idx] and self.is_conv_states_initialized[state_idx]):
             return LinearAttentionLayer.update_conv_state(self, conv_states, state_idx, conv_kernel_size, **kwargs)
+        if self.static:  # in place, and every window into the fixed buffer
+            window = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
+            kernel = self.conv_kernel_size[state_idx]
+            self.pos_conv[state_idx][:, :, : conv_states.shape[-1] + 1].copy_(window.unfold(-1, kernel, 1))
+            self.conv_states[state_idx].copy_(window[..., -kernel:])
+            return window
         if self.tree is not None:  # each node's window from its parent's; the live state stays the tree's base
             nodes = scans.tree_conv_states(conv_states, self.tree, state_idx)
             base = self.conv_states[state_idx].unsqueeze(2)
@@ -62,6 +73,14 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
             return LinearAttentionLayer.update_recurrent_state(self, recurrent_states, state_idx, **kwargs)
         stack = scans.take(recurrent_states)
         dtype = self.recurrent_states[state_idx].dtype
+        if self.static:  # in place; a multi-token pass's states into the fixed buffer, after the state before it
+            live = self.recurrent_states[state_idx]
+            if stack is not None:
+                buffer = self.pos_recurrent[state_idx]
+                buffer[:, 0].copy_(live)
+                buffer[:, 1 : len(stack) + 1].copy_(torch.stack(stack, dim=1))
+            live.copy_(recurrent_states)
+            return live
         if self.tree is not None:  # the live state stays the tree's base
             if stack is None:
                 raise RuntimeError("a tree forward's recurrent state did not come from specdec's scans")
@@ -73,6 +92,33 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
         else:  # a new tensor, as for the conv state
             self.recurrent_states[state_idx] = recurrent_states.to(dtype, copy=True)
         return self.recurrent_states[state_idx]
+
+    def reserve_positions(self, width: int) -> bool:
+        """Make the fixed per-position buffers hold passes of ``width`` tokens (zeroed: a graph's first pass may read
+        rows no scan wrote); True if they were (re)allocated (their addresses changed)."""
+        have = next(iter(self.pos_conv.values()), None)
+        if have is not None and have.shape[2] > width:
+            return False
+        for s, state in self.conv_states.items():
+            if state is not None and self.is_conv_states_initialized[s]:
+                self.pos_conv[s] = state.new_zeros(*state.shape[:-1], width + 1, state.shape[-1])
+        for s, state in self.recurrent_states.items():
+            if state is not None and self.is_recurrent_states_initialized[s]:
+                self.pos_recurrent[s] = state.new_zeros(state.shape[0], width + 1, *state.shape[1:])
+        return True
+
+    def static_positions(self, width: int) -> tuple[Snapshot, PerPosition]:
+        """After a static pass of which ``width`` tokens are real: the states before it and after each of them, views
+        of the fixed buffers (valid until the next pass)."""
+        before = Snapshot({s: w[:, :, 0] for s, w in self.pos_conv.items()},
+                          {s: r[:, 0] for s, r in self.pos_recurrent.items()}, dict(self.has_previous_state))
+        return before, PerPosition({s: w[:, :, : width + 1] for s, w in self.pos_conv.items()},
+                                   {s: list(r[:, 1 : width + 1].unbind(1)) for s, r in self.pos_recurrent.items()})
+
+    def static_buffers(self) -> list[torch.Tensor]:
+        """Every tensor a static pass writes in place (what a captured graph must find at the same address)."""
+        held = [t for d in (self.conv_states, self.recurrent_states) for t in d.values() if t is not None]
+        return held + list(self.pos_conv.values()) + list(self.pos_recurrent.values())
 
     def take_positions(self) -> PerPosition:
         """What the forward that just ran left per position (and forget it here)."""

@@ -67,6 +67,8 @@ class CacheSession:
         self.static, self.widths = static, tuple(sorted(widths))  # compiled passes: their engine and widths
         self.cache = ManagedCache(runner.num_layers, max_len) if static is None else static.borrow(runner.num_layers, batch, max_len)
         self.live = torch.arange(batch, device=device)  # buffer row of each active row (static sessions keep retired rows)
+        self.live_host = list(range(batch))  # the same, on the host
+        self.buffer_rows = batch  # rows the cache's buffers hold
         self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)  # slot holds a real token of that row
         self.counts = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row (= next position id)
         self.single_row = batch == 1  # this call started with one row (compiled drafter steps)
@@ -188,7 +190,7 @@ class CacheSession:
             allowed = torch.nn.functional.pad(allowed, (0, seen.shape[1] - start - n), value=False)
         else:
             allowed = self._causal_allowed(seen, start, n)
-        batch = self.cache.layers[0].keys.shape[0]
+        batch = self.buffer_rows
         diagonal = torch.arange(width, device=seen.device)
 
         def place(allowed: torch.Tensor) -> torch.Tensor:  # the live rows' view in the whole buffer, padded to width
@@ -204,8 +206,17 @@ class CacheSession:
         ids[self.live, :n] = tokens
         positions = torch.zeros(batch, width, dtype=torch.long, device=tokens.device)
         positions[self.live, :n] = position_ids
-        out = self.runner.run_static(self, hidden_layers, input_ids=ids, attention_mask=mask,
-                                     position_ids=positions, use_cache=True, **{self.runner.cache_arg: self.cache})
+        if self.recurrent is not None:
+            self.recurrent.before_forward(n, tree_mask=tree_mask, static=(width, max(self.widths, default=width)))
+        try:
+            out = self.runner.run_static(self, hidden_layers, input_ids=ids, attention_mask=mask,
+                                         position_ids=positions, use_cache=True, **{self.runner.cache_arg: self.cache})
+        except BaseException:
+            if self.recurrent is not None:
+                self.recurrent.abort()
+            raise
+        if self.recurrent is not None:
+            self.recurrent.after_forward()
         pick = lambda t: None if t is None else t[self.live, :n]  # noqa: E731  (a copy: CUDA graphs reuse outputs)
         return StepOutput(pick(out.logits), pick(out.hidden))
 
@@ -252,7 +263,7 @@ class CacheSession:
         if bool((counts > self.counts).any()):
             raise ValueError(f"cannot keep {counts.tolist()} tokens: rows hold only {self.counts.tolist()}")
         if self.recurrent is not None:
-            self.recurrent.keep((self.counts - counts).tolist())
+            self.recurrent.keep((self.counts - counts).tolist(), self._recurrent_rows())
         real_before = self.valid.long().cumsum(dim=1)
         self.valid &= real_before <= counts.unsqueeze(1)
         self.counts = counts
@@ -264,8 +275,8 @@ class CacheSession:
         ``kept[b]``; the rest become holes and the pointer moves back past the last kept slot. ``kept_device``:
         ``kept`` on the device if the caller has it there (else uploaded). Host arithmetic only: no device read.
         The slot before the ``n`` is real in some row (every forward ends with a real column)."""
-        if self.recurrent is not None:  # restore (and replay) each row's recurrent state first
-            self.recurrent.keep_recent(n, kept)
+        if self.recurrent is not None:  # each row's recurrent state after its last kept token first
+            self.recurrent.keep_recent(n, kept, self._recurrent_rows())
         if n == 0:
             return
         start = self.length - n
@@ -317,7 +328,8 @@ class CacheSession:
         kept = [len(row) for row in rows]
         if self.recurrent is not None:  # a prefix of a chain, or a path of a tree: the state after its last slot
             self.recurrent.keep_last(n, [row[-1] if row else -1 for row in rows],
-                                     paths=any(row != list(range(len(row))) for row in rows))
+                                     paths=any(row != list(range(len(row))) for row in rows),
+                                     rows=self._recurrent_rows())
         if any(row != list(range(len(row))) for row in rows):  # not a prefix: gather the kept slots to the front
             order = [row + [i for i in range(n) if i not in set(row)] for row in map(list, rows)]
             order = upload(order, torch.long, device).view(len(rows), n)
@@ -343,7 +355,7 @@ class CacheSession:
     def rollback(self, length: int) -> None:
         """Keep only the first ``length`` slots of every row (all rows aligned)."""
         if self.recurrent is not None:
-            self.recurrent.keep((self.counts - self.valid[:, :length].sum(dim=1)).tolist())
+            self.recurrent.keep((self.counts - self.valid[:, :length].sum(dim=1)).tolist(), self._recurrent_rows())
         self.cache.rollback(length)
         self.valid[:, length:] = False
         self.counts = self.valid.sum(dim=1)
@@ -373,9 +385,15 @@ class CacheSession:
         self.valid.zero_()
         self.valid[:, :n] = torch.arange(n, device=self.valid.device).unsqueeze(0) >= (n - self.counts).unsqueeze(1)
 
+    def _recurrent_rows(self) -> list[int] | None:
+        """Each row's buffer row for the recurrent history, where retired rows stay in the buffers (static passes)."""
+        if self.live_host is None:  # rows were dropped by a device index: read once
+            self.live_host = self.live.tolist()
+        return self.live_host if self.buffer_rows != len(self.live_host) else None
+
     def _buffer_order(self, order: torch.Tensor) -> torch.Tensor:
         """A per-active-row slot order as one per buffer row (retired rows of a static session keep theirs)."""
-        batch = self.cache.layers[0].keys.shape[0] if self.cache.layers[0].is_initialized else order.shape[0]
+        batch = self.buffer_rows
         if batch == order.shape[0]:
             return order
         full = torch.arange(order.shape[1], device=order.device).expand(batch, -1).clone()
@@ -389,13 +407,15 @@ class CacheSession:
         (the slots only a longer row that left held become holes, masked like any other, until a compaction
         re-lays the rows: finding the new end would read the device)."""
         if isinstance(rows, torch.Tensor) and rows.device.type != "cpu":
-            rows = rows.to(self.valid.device)
+            kept, rows = None, rows.to(self.valid.device)  # its host copy only if a recurrent history asks
         else:  # host data (the engine's index): a non-blocking upload
-            rows = upload(rows.tolist() if isinstance(rows, torch.Tensor) else list(rows), torch.long, self.valid.device)
+            kept = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+            rows = upload(kept, torch.long, self.valid.device)
         if self.positions is not None:
             self.positions = self.positions[rows]
         if self._static_now:
             self.live, self.valid, self.counts = self.live[rows], self.valid[rows], self.counts[rows]
+            self.live_host = None if kept is None or self.live_host is None else [self.live_host[r] for r in kept]
             return
         with torch.inference_mode():  # the buffers stay inference tensors, like those a forward allocates
             for layer in self.cache.layers:
@@ -403,6 +423,7 @@ class CacheSession:
             if self.recurrent is not None:
                 self.recurrent.keep_rows(rows)
         self.valid, self.counts, self.live = self.valid[rows], self.counts[rows], self.live[: len(rows)]
+        self.live_host, self.buffer_rows = list(range(len(rows))), len(rows)
 
     def release(self) -> None:
         """Drop the cache (frees its buffers; a static one goes back to its pool)."""

@@ -126,20 +126,21 @@ class StaticVerifier:
     def activate(self, cache: ManagedCache) -> None:
         """After the (eager) prefill: route the cache's writes through its pointer for static passes."""
         if cache.pointer is None:
-            cache.pointer = torch.zeros((), dtype=torch.long, device=cache.layers[0].keys.device)
+            cache.pointer = torch.zeros((), dtype=torch.long, device=self.model.device)
             if self.raw_graphs:  # the cache's graphs: they write into its buffers, so they live and go with it
                 cache.graphs = PhaseGraphs(self.phase, capture=self.cuda)
             elif self.pads:  # CUDA graphs replay fixed addresses: tell dynamo these never move (as StaticLayer does)
                 for layer in cache.layers:
-                    torch._dynamo.mark_static_address(layer.keys)
-                    torch._dynamo.mark_static_address(layer.values)
+                    if layer.is_initialized:  # a recurrent layer may hold no keys
+                        torch._dynamo.mark_static_address(layer.keys)
+                        torch._dynamo.mark_static_address(layer.values)
                 torch._dynamo.mark_static_address(cache.pointer)
         cache.make_static(cache.pointer)
 
     def give_back(self, cache: ManagedCache) -> None:
         """Return a cache to the pool (one kept per shape)."""
         key = getattr(cache, "pool_key", None)
-        if key is None or not cache.layers or not cache.layers[0].is_initialized:
+        if key is None or not cache.layers or not cache.nbytes:
             return
         with self._lock:
             pool = self._free.setdefault(key, [])
@@ -201,7 +202,7 @@ class StaticVerifier:
                         output_hidden_states=hidden, **{name: cache}, **extra)
             return out.logits, (tuple(out.hidden_states) if hidden else ())
 
-        buffers = [cache.pointer, *(t for layer in cache.layers for t in (layer.keys, layer.values))]
+        buffers = [cache.pointer, *(t for layer in cache.layers for t in _written(layer))]
         try:
             logits, states = graphs.run(key, verify, args, buffers)
         except COMPILE_ERRORS as err:  # fuse: the compile failed (at a key's first pass): eager kernels from now on
@@ -219,6 +220,12 @@ class StaticVerifier:
         if graphs.failed and self.failed is None:
             self.failed = graphs.failed
         return types.SimpleNamespace(logits=logits, hidden_states=states or None)
+
+
+def _written(layer: Any) -> list[torch.Tensor]:
+    """The long-lived tensors a static pass writes in ``layer`` (keys and values; a recurrent layer's states)."""
+    held = [layer.keys, layer.values] if layer.is_initialized else []
+    return held + (layer.static_buffers() if hasattr(layer, "static_buffers") else [])
 
 
 def _forward_parameters(model: torch.nn.Module) -> set[str]:
