@@ -289,3 +289,27 @@ def test_a_retiring_ragged_batch_syncs_once_every_pass_on_cuda(draft):
     assert len(per_pass) >= 3 and max(per_pass) <= 1, (per_pass, messages)
     assert torch.equal(out, model.generate(ids, **kwargs))
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32], ids=str)  # fp32: identity, not ties (the subset's time box)
+@pytest.mark.parametrize("arch", ["qwen3_next", "nemotron_h", "mamba"])
+def test_hybrid_captured_verifier_greedy_identity_on_cuda(dtype, arch):
+    """Hybrid and recurrent models on CUDA (issue 60): the per-position scans eagerly (a chain and a static tree), and
+    compile_verifier="graphs", whose raw graphs must write the live states in place and each state per position
+    into the fixed buffers (a rebinding would leave the next replay reading a stale state)."""
+    from test_hybrid_models import RECURRENT
+    from tiny_hybrids import make_hybrid
+
+    model = make_hybrid(arch, config=RECURRENT[arch]() if arch in RECURRENT else None).to("cuda", dtype)
+    kwargs = dict(max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    runs = [{}, {"tree": "static"}, {"compile_verifier": "graphs"}]
+    for options in runs:
+        spec = specdec.SpeculativeModel(model, perturbed_copy(model, 0.05), num_draft_tokens=3, **options)
+        for lengths in ([11], [3, 17, 9]):
+            ids, mask = _left_padded(lengths, "cuda")
+            ref = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_logits=True, **kwargs)
+            _assert_equal_up_to_bf16_ties(spec.generate(ids, attention_mask=mask, **kwargs), ref, ids.shape[1])
+    static = spec.verifier.static
+    assert static.raw_graphs and static.failed is None and static.graphs >= 1
+    graphs = _graphs_of(spec)
+    assert graphs and all(g.captured == g.graphs and g.recaptures == 0 for g in graphs)
