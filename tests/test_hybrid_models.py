@@ -303,7 +303,7 @@ def test_sampling_check_catches_a_state_selected_one_token_late(tiny_law, monkey
 
 def test_sampling_check_catches_a_stale_recurrent_state(tiny_law, monkeypatch):
     """Negative control: with the recurrent rollback disabled (states keep the rejected drafts), the same check fails."""
-    monkeypatch.setattr(RecurrentHistory, "keep_recent", lambda self, n, kept: self.passes.clear())
+    monkeypatch.setattr(RecurrentHistory, "keep_recent", lambda self, n, kept, rows=None: self.passes.clear())
     assert _sampled_pvalue(tiny_law) < ALPHA
 
 

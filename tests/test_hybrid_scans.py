@@ -114,7 +114,7 @@ def test_selective_scan_continues_from_the_cached_state(width):
 
 
 def test_outside_a_capture_transformers_scan_runs_and_nothing_is_kept():
-    from specdec.runners.recurrent import layout
+    from specdec.runners.recurrent_layout import layout
     from tiny_hybrids import make_hybrid
 
     layout(make_hybrid("qwen3_next"))  # installs the dispatcher in that module

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel
 
 from specdec.errors import SpecdecError
 from specdec.slots import STATIC_LENGTH_STEP, primed_widths, static_slots
-from specdec.runners import recurrent
+from specdec.runners import recurrent_layout as recurrent
 from specdec.runners.cache import cache_argument
 from specdec.runners.masks import MaskLayout
 from specdec.runners.session import CacheSession, StepOutput

@@ -1,183 +1,31 @@
-"""Recurrent and convolutional layer state (hybrid models: Gated DeltaNet, Mamba-1/2, short convolutions) in the
-managed cache, and its exact rollback (docs/design.md, "Hybrid models").
+"""The rollback of hybrid models' recurrent and convolutional state (docs/design.md, "Hybrid models").
 
 An attention layer's history is a list of slots, so rolling back is a pointer move. A recurrent layer keeps one
 state per row that each token overwrites: after a verify pass of ``n`` tokens it holds the state after all ``n``,
-and a row that kept ``m < n`` needs the state after its ``m``-th. transformers' mixers (e.g.
-``Qwen3NextGatedDeltaNet``, ``NemotronHMamba2Mixer``, ``Lfm2ShortConv``) all read their state from the cache by
-``layer_idx`` (``get_conv_state`` / ``get_recurrent_state``) and write the final one back, so:
-
-* :class:`RecurrentLayer` is a :class:`~specdec.runners.cache.ManagedLayer` (its slot pointer moves with every other
-  layer's; falcon_h1's "hybrid" layers also use its keys and values) that also holds the conv/recurrent states,
-  through transformers' own ``LinearAttentionLayer`` code, so the mixers see the Cache API they expect.
-* :class:`RecurrentHistory` (one per session) keeps, for every forward since the last commit, a copy of each
-  recurrent layer's states before it (a *checkpoint*) and each mixer's input (a forward pre-hook records it).
-* On rollback, rows that kept everything keep their state; every other row gets the checkpoint of the forward that
-  holds its last kept token and, unless that token ends a forward, a *replay* of only that layer's mixer over its
-  kept inputs of that forward, on a one-layer proxy cache holding just those rows. No second model pass: a model
-  drafter's one-token forwards always land on a checkpoint (restore only); a verify pass replays the mixers over at
-  most ``k`` tokens of the rows that rejected a draft.
-
-Trees (a recurrent layer would read the tree's nodes in sequence, mixing branches) and static compiled passes are
-refused for these models (:func:`refusal`).
+and a row that kept ``m < n`` needs the state after its ``m``-th. :class:`RecurrentHistory` (one per session) keeps,
+for every forward since the last commit, the layers' states before it and what it kept per position (the scans of
+:mod:`specdec.runners.scans`, the conv windows; :mod:`specdec.runners.recurrent_layers`). A commit writes each row the
+state after its last kept token, a chain's or a tree path's: a selection, no replay. Only a mixer whose scan keeps
+nothing per position, and a drafter's catch-up filler, replay that layer's mixer alone over the recorded inputs.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, LinearAttentionCacheLayerMixin, LinearAttentionLayer
-
-try:  # transformers >= 5.2x declares each layer type's cache class; older ones run no hybrid (check_supported refuses)
-    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING, DummyLayer, get_layer_types_and_kwargs
-except ImportError:
-    DYNAMIC_LAYER_TYPE_MAPPING, DummyLayer, get_layer_types_and_kwargs = {}, None, None
+from transformers.cache_utils import Cache, LinearAttentionLayer
 
 from specdec.runners import scans
 from specdec.runners.recurrent_layers import PerPosition, RecurrentLayer, Snapshot, StatelessLayer
+from specdec.runners.recurrent_layout import DummyLayer, Layout
 
-_HOOKED = "_specdec_recurrent_hooks"  # set on a model whose mixers carry our pre-hook (copies of it inherit both)
 # A rollback replays at most this many tokens one at a time, through the mixer's decode path: transformers' chunked
 # scans (the Gated DeltaNet's torch fallback pads every call to 64 tokens) cost a whole pass for a 2-token replay.
 STEPWISE_REPLAY = 8
-
-
-@dataclass
-class Layout:
-    """Which decoder layers of a model hold recurrent state, how many states each, and the mixer module that
-    reads and writes them (found once per runner)."""
-
-    states: dict[int, int]  # layer index -> number of conv/recurrent states
-    mixers: dict[int, torch.nn.Module]
-    stateless: tuple[int, ...] = ()  # layers that keep nothing (MLP/MoE-only blocks)
-    raw_mask: bool = False  # the model hands its 2-D padding mask to the mixers untrimmed (mamba, falcon_mamba)
-
-
-def cache_layer_types(config: Any) -> list[str]:
-    """The transformers cache layer type of each decoder layer of ``config`` ("full_attention", "linear_attention",
-    "conv", "hybrid", "dummy", ...); empty if transformers cannot tell."""
-    return _types_and_kwargs(config)[0]
-
-
-def _types_and_kwargs(config: Any) -> tuple[list[str], list[dict]]:
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    if get_layer_types_and_kwargs is None:
-        return [], []
-    try:
-        return get_layer_types_and_kwargs(text)
-    except (AttributeError, TypeError, ValueError):
-        return [], []
-
-
-def recurrent_layer_types(config: Any) -> dict[int, int]:
-    """``{layer index: number of states}`` for the layers of ``config`` whose transformers cache layer keeps
-    recurrent or convolutional state (empty for attention-only models)."""
-    types, kwargs = _types_and_kwargs(config)
-    out = {}
-    for i, (kind, extra) in enumerate(zip(types, kwargs)):
-        cls = DYNAMIC_LAYER_TYPE_MAPPING.get(kind)
-        if isinstance(cls, type) and issubclass(cls, LinearAttentionCacheLayerMixin):
-            out[i] = int(extra.get("number_of_states", 1))
-    return out
-
-
-def _source(module: torch.nn.Module) -> str:
-    return _forward_source(type(module))
-
-
-@functools.lru_cache(maxsize=None)
-def _forward_source(cls: type) -> str:
-    """The source of ``cls.forward``, read once per class (``layout`` walks every module of a model, and
-    ``check_supported`` and the runner each ask)."""
-    try:
-        return inspect.getsource(inspect.unwrap(cls.forward))
-    except (OSError, TypeError):
-        return ""
-
-
-def _reads_state(module: torch.nn.Module) -> bool:
-    """Whether ``module``'s forward reads a recurrent or conv state from the cache (a mixer, not an attention)."""
-    source = _source(module)
-    return "get_conv_state" in source or "get_recurrent_state" in source
-
-
-# Mamba-1 mixers (jamba, mamba, falcon_mamba) scan a multi-token input with transformers' ``mamba_selective_scan``,
-# which takes no initial state: a verify pass would restart the recurrence from zero instead of the cached state.
-_RESTARTS_STATE = "mamba_selective_scan("
-
-
-def layout(model: torch.nn.Module) -> Layout | None:
-    """The recurrent layout of ``model`` (None for attention-only models), with a pre-hook on each mixer that
-    records its input for the session whose cache it is handed. Raises ``ValueError`` if some recurrent layer's
-    mixer cannot be found (the caller refuses the model)."""
-    states = recurrent_layer_types(model.config)
-    if not states:
-        return None
-    mixers: dict[int, torch.nn.Module] = {}
-    for module in model.modules():
-        idx = getattr(module, "layer_idx", None)
-        if isinstance(idx, int) and idx in states and _reads_state(module):
-            if idx in mixers:
-                raise ValueError(f"layer {idx} has two modules that read its recurrent state")
-            mixers[idx] = module
-    missing = sorted(set(states) - set(mixers))
-    if missing:
-        raise ValueError(f"no module reading the recurrent state of layers {missing} was found")
-    # every mixer's multi-token scan keeps a state per position within a session's forward (scans.py); a
-    # Mamba-1 mixer whose scan cannot be routed there would restart each verify pass from zero
-    installed = {idx: scans.install(m) for idx, m in mixers.items()}
-    restarts = sorted({type(m).__name__ for idx, m in mixers.items()
-                       if _RESTARTS_STATE in _source(m) and "mamba_selective_scan" not in installed[idx]})
-    if restarts:
-        raise ValueError(f"its mixer {restarts[0]} scans several tokens from a zero state (transformers' "
-                         "mamba_selective_scan takes no initial state), so a verify pass cannot continue a sequence")
-    if not getattr(model, _HOOKED, False):
-        for module in mixers.values():
-            module.register_forward_pre_hook(_record_input, with_kwargs=True)
-            module.register_forward_hook(_skip_filler, with_kwargs=True)
-        setattr(model, _HOOKED, True)
-    stateless = tuple(i for i, kind in enumerate(cache_layer_types(model.config)) if kind == "dummy")
-    base = getattr(model, "base_model", model)
-    raw = "create_recurrent_attention_mask" not in _source(base) and "attention_mask" in _source(base)
-    return Layout(states, mixers, stateless, raw_mask=raw)
-
-
-def _history(kwargs: dict) -> tuple[str, RecurrentHistory | None]:
-    """The keyword a mixer got its cache by, and that cache's history (None: not a specdec session's cache)."""
-    for name in ("cache", "cache_params", "past_key_values"):
-        history = getattr(kwargs.get(name), "recurrent_history", None)
-        if history is not None:
-            return name, history
-    return "", None
-
-
-def _record_input(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook of a mixer: hand its input to the history of the managed cache it runs on, if any."""
-    name, history = _history(kwargs)
-    if history is not None:
-        history.record(module.layer_idx, name, args, kwargs)
-
-
-def _skip_filler(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-    """Forward hook of a mixer: in a block with filler before some rows' real tokens, redo those rows over their real
-    tokens alone (state and output), so the filler never enters a recurrence (None: the output stands)."""
-    _, history = _history(kwargs)
-    return None if history is None else history.skip_filler(module.layer_idx, output)
-
-
-def refusal(model: torch.nn.Module, feature: str = "compile") -> str:
-    """The one-line reason ``feature`` is refused for a hybrid ``model``: trees under ``compile_verifier``, or a
-    model drafter's static passes."""
-    kind = getattr(model.config, "model_type", type(model).__name__)
-    if feature == "tree":
-        return (f"{kind} has recurrent layers, whose tree passes are not compiled: use trees without "
-                "compile_verifier, or chains with it")
-    return (f"{kind} has recurrent layers, whose catch-up filler a model drafter's static passes would feed into "
-            "its recurrence; compile it eagerly or not at all")
 
 
 @dataclass
@@ -231,6 +79,18 @@ class RecurrentHistory:
                 kept = {k: v for k, v in kwargs.items() if k not in (cache_name, "hidden_states", "attention_mask")
                         and not isinstance(v, torch.Tensor)}
                 self._open.inputs[layer_idx] = (cache_name, args, kept)
+
+    @contextlib.contextmanager
+    def recording(self, width: int, valid: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                  static: tuple[int, int] | None = None) -> Iterator[None]:
+        """Around one forward: :meth:`before_forward`, then :meth:`after_forward`, or :meth:`abort` if it fails."""
+        self.before_forward(width, valid, tree_mask, static)
+        try:
+            yield
+        except BaseException:
+            self.abort()
+            raise
+        self.after_forward()
 
     def before_forward(self, width: int, valid: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
                        static: tuple[int, int] | None = None) -> None:

@@ -18,6 +18,7 @@ buffers as masked dummies (:attr:`CacheSession.live` maps active rows to buffer 
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -140,21 +141,20 @@ class CacheSession:
             mask = self._layer_masks(self._causal_allowed(seen, start, n), position_ids, start + n)
         else:  # other attention kernels (flash, flex): transformers builds the mask from the padding mask
             mask = seen.long()
-        if self.recurrent is not None:
-            self.recurrent.before_forward(n, valid, tree_mask)
-        try:
+        with self._recording(n, valid, tree_mask):
             out = self.runner.run(self, tuple(hidden_layers), input_ids=tokens, attention_mask=mask,
                                   position_ids=position_ids, use_cache=True, **{self.runner.cache_arg: self.cache},
                                   **extra)
-        except BaseException:
-            if self.recurrent is not None:
-                self.recurrent.abort()
-            raise
-        if self.recurrent is not None:
-            self.recurrent.after_forward()
         if self.static is not None:  # the prefill ran: static passes from now on
             self.static.activate(self.cache)
         return out
+
+    def _recording(self, n: int, valid: torch.Tensor | None, tree_mask: torch.Tensor | None,
+                   static: tuple[int, int] | None = None) -> contextlib.AbstractContextManager:
+        """Around a forward: the recurrent history records it (hybrid models; else nothing)."""
+        if self.recurrent is None:
+            return contextlib.nullcontext()
+        return self.recurrent.recording(n, valid, tree_mask, static)
 
     @property
     def _static_now(self) -> bool:
@@ -206,17 +206,9 @@ class CacheSession:
         ids[self.live, :n] = tokens
         positions = torch.zeros(batch, width, dtype=torch.long, device=tokens.device)
         positions[self.live, :n] = position_ids
-        if self.recurrent is not None:
-            self.recurrent.before_forward(n, tree_mask=tree_mask, static=(width, max(self.widths, default=width)))
-        try:
+        with self._recording(n, None, tree_mask, static=(width, max(self.widths, default=width))):
             out = self.runner.run_static(self, hidden_layers, input_ids=ids, attention_mask=mask,
                                          position_ids=positions, use_cache=True, **{self.runner.cache_arg: self.cache})
-        except BaseException:
-            if self.recurrent is not None:
-                self.recurrent.abort()
-            raise
-        if self.recurrent is not None:
-            self.recurrent.after_forward()
         pick = lambda t: None if t is None else t[self.live, :n]  # noqa: E731  (a copy: CUDA graphs reuse outputs)
         return StepOutput(pick(out.logits), pick(out.hidden))
 
