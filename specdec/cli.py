@@ -28,7 +28,7 @@ GENERATE_DRAFT = "composite:int8"
 
 
 def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int, default_draft: str) -> None:
-    p.add_argument("--model", default="smollm2", help="'smollm2' (embedded default) or a local model directory / .gguf")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (embedded default), 'gemma3-270m' (specdec[gemma]) or a local model directory / .gguf")
     p.add_argument("--draft", default=default_draft,
                    help=f"drafter (default: {default_draft}): {forms()}")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")

