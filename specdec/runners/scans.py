@@ -3,10 +3,11 @@ selects the accepted one by index (docs/design.md, "Hybrid models").
 
 transformers' hybrid mixers (Gated DeltaNet, Mamba-2, Mamba-1) run a multi-token forward through one module-level
 scan function (``torch_chunk_gated_delta_rule``, ``mamba2_chunk_scan``, ``mamba_selective_scan``) and hand only its
-final state to the cache. While a specdec session's forward runs on this thread (:func:`capture`), those names
+final state to the cache. While a specdec session's forward runs on this thread (:func:`begin` to :func:`end`, or
+:func:`capture`), those names
 resolve to the scans below instead: token by token, the same arithmetic as transformers' one-token decode path, with
-every intermediate state kept. The cache layer that receives the final state (``update_recurrent_state``) takes the
-whole stack with it (:func:`take`). Outside a capture, and for a prefill (no state to continue), transformers' own
+every intermediate state kept (the loop's own tensors, no copy). The cache layer that receives the final state
+(``update_recurrent_state``) takes them with it (:func:`take`). Outside a capture, and for a prefill (no state to continue), transformers' own
 function runs unchanged, so other users of transformers in the process see no difference.
 
 Mamba-1's ``mamba_selective_scan`` takes no initial state (it always starts from zero); within a capture it continues
