@@ -9,10 +9,11 @@ import pytest
 import torch
 import transformers as tf
 from safetensors.torch import load_file, save_file
+from test_mtp_drafter import _recorded_drafts
 from tiny_models import left_padded
 
 import specdec
-from specdec.drafters.mtp import MtpDrafter, MtpUnavailableError
+from specdec.drafters.mtp import MtpUnavailableError
 from specdec.drafters.qwen_mtp import QwenMtp
 
 VOCAB, HIDDEN = 96, 32
@@ -118,30 +119,17 @@ def _norm(cls: type, weight: torch.Tensor, eps: float) -> torch.nn.Module:
     return module
 
 
-def _first_drafts(monkeypatch) -> list[list[int]]:
-    seen: list[list[int]] = []
-    propose = MtpDrafter.propose
-
-    def recording(self, rows, k, ctx):
-        chain = propose(self, rows, k, ctx)
-        seen.append(chain.tokens[0].tolist())
-        return chain
-
-    monkeypatch.setattr(MtpDrafter, "propose", recording)
-    return seen
-
-
 @pytest.mark.parametrize("arch", list(CONFIGS))
 def test_drafts_are_the_formula_and_greedy_is_generate(checkpoints, arch, monkeypatch):
     model = _load(checkpoints[arch])
     spec = specdec.SpeculativeModel(model, "mtp", num_draft_tokens=3)
     assert isinstance(spec.drafter.mtp, QwenMtp) and spec.drafter.num_mtp_layers == 1
-    seen = _first_drafts(monkeypatch)
+    seen = _recorded_drafts(monkeypatch)
     ids = torch.randint(3, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     kwargs = dict(max_new_tokens=16, do_sample=False, eos_token_id=None)
     assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
     # the first pass: one trained layer, then two recursive steps on its own output
-    assert seen[0] == _reference_drafts(model, checkpoints[arch], ids, 3)
+    assert seen[0][0] == _reference_drafts(model, checkpoints[arch], ids, 3)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_text", "qwen3_next"])

@@ -123,7 +123,9 @@ def layout(model: torch.nn.Module) -> Layout | None:
         setattr(model, _HOOKED, True)
     stateless = tuple(i for i, kind in enumerate(cache_layer_types(model.config)) if kind == "dummy")
     base = getattr(model, "base_model", model)
-    raw = "create_recurrent_attention_mask" not in _source(base) and "attention_mask" in _source(base)
+    # only where no layer attends (an attention layer needs the whole 2-D mask)
+    raw = "create_recurrent_attention_mask" not in _source(base) and "attention_mask" in _source(base) \
+        and len(states) + len(stateless) == len(cache_layer_types(model.config))
     return Layout(states, mixers, stateless, raw_mask=raw)
 
 
