@@ -34,6 +34,14 @@ def test_it_loads_as_gemma3_with_sliding_windows(gemma):
     assert "capital" in tokenizer.decode(out[0]) and out.shape[1] == 10  # it reads and writes text
 
 
+def test_the_planner_preset_is_the_loaded_model(gemma):
+    from specdec import sizing
+
+    model, _ = gemma
+    assert sizing.param_count("gemma-3-270m") == sum(p.numel() for p in model.parameters())
+    assert sizing.kv_bytes_per_token("gemma-3-270m", "float32") == sizing.kv_bytes_per_token(model.config, "float32")
+
+
 @pytest.mark.parametrize("draft, tree", [("prompt-lookup", None), pytest.param("suffix", None, marks=pytest.mark.slow),
                                          pytest.param("self:int8", None, marks=pytest.mark.slow),
                                          pytest.param("self:int8", "static", marks=pytest.mark.slow)])

@@ -108,6 +108,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gemma-2-9b": _gemma2(42, 3584, 16, 8, 256, 14336),
     "gemma-2-27b": _gemma2(46, 4608, 32, 16, 128, 36864),
     # Gemma 3: five sliding layers per global one.
+    "gemma-3-270m": _gemma3(18, 640, 4, 1, 256, 2048, 262144, 512, 32768),  # load_model("gemma3-270m")
     "gemma-3-1b": _gemma3(26, 1152, 4, 1, 256, 6912, 262144, 512, 32768),
     "gemma-3-4b": _gemma3(34, 2560, 8, 4, 256, 10240, 262208, 1024, 131072),
     "gemma-3-12b": _gemma3(48, 3840, 16, 8, 256, 15360, 262208, 1024, 131072),
