@@ -299,5 +299,14 @@ def _derived_from(draft: torch.nn.Module, verifier: torch.nn.Module) -> bool:
 def from_module(draft: torch.nn.Module, verifier: torch.nn.Module, verifier_tokenizer: Any, draft_tokenizer: Any) -> Drafter:
     """A :class:`ModelDrafter` for the causal LM ``draft`` (its vocabulary checked against the verifier's); one built
     from the verifier (a specdec.quant copy) adopts the verifier's cached prompt."""
-    check_vocab_compat(verifier, draft, verifier_tokenizer, draft_tokenizer)
+    if verifier_tokenizer is not None and draft_tokenizer is not None \
+            and verifier_tokenizer.get_vocab() != draft_tokenizer.get_vocab():  # another vocabulary: drafts go by text
+        from specdec.drafters.cross_vocab import CrossVocabDrafter
+
+        return CrossVocabDrafter(draft, draft_tokenizer, verifier_tokenizer)
+    try:
+        check_vocab_compat(verifier, draft, verifier_tokenizer, draft_tokenizer)
+    except VocabularyMismatchError as err:
+        raise VocabularyMismatchError(f"{err} (to draft across vocabularies, pass both tokenizers: tokenizer= and "
+                                      "draft_tokenizer=)") from None
     return ModelDrafter(draft, reuse_verifier_prompt=_derived_from(draft, verifier))
