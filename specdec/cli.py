@@ -31,6 +31,9 @@ def _add_model_args(p: argparse.ArgumentParser, default_new_tokens: int, default
     p.add_argument("--model", default="smollm2", help="'smollm2' (embedded default), 'gemma3-270m' (specdec[gemma]) or a local model directory / .gguf")
     p.add_argument("--draft", default=default_draft,
                    help=f"drafter (default: {default_draft}): {forms()}")
+    p.add_argument("--draft-tokenizer", metavar="DIR",
+                   help="the drafter's tokenizer (a local directory), where it differs from the model's: drafts then "
+                        "go by text (a local --draft directory brings its own)")
     p.add_argument("--adaptive", action="store_true", help="choose the draft length per step (up to -k)")
     p.add_argument("--tree", choices=tree_choices(), default="none",
                    help=f"verify a tree of drafts per pass: {describe_modes()}; none: chains")
@@ -63,9 +66,18 @@ def _load(args: argparse.Namespace):
     except SpecdecError as e:  # no model wheel, no gguf/accelerate to read it, a torch too old: one line, with the fix
         raise SystemExit(f"error: {_one_line(e)}") from None
     k = args.num_draft_tokens or specdec.DEFAULT_NUM_DRAFT_TOKENS
+    draft_tokenizer = None
+    if getattr(args, "draft_tokenizer", None):
+        from transformers import AutoTokenizer
+
+        try:
+            draft_tokenizer = AutoTokenizer.from_pretrained(args.draft_tokenizer, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: --draft-tokenizer {args.draft_tokenizer}: {_one_line(e)}") from None
     _log(f"building drafter {args.draft} (k={k}) ...")
     try:
         spec = specdec.SpeculativeModel(model, args.draft, num_draft_tokens=k, tokenizer=tokenizer,
+                                        draft_tokenizer=draft_tokenizer,
                                         adaptive=args.adaptive, compile_drafter=args.compile_drafter, tree=args.tree,
                                         compile_verifier=args.compile_verifier)
     except SpecdecError as e:  # a missing or mismatched head or model, a vocabulary mismatch, a model trees refuse

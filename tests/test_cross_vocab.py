@@ -70,3 +70,24 @@ def test_without_both_tokenizers_the_mismatch_says_how(pair):
             specdec.SpeculativeModel(model, draft)
     finally:
         draft.config.bos_token_id = model.config.bos_token_id
+
+
+def test_the_cli_takes_the_drafters_tokenizer(pair, tmp_path, capsys):
+    import json
+
+    from specdec.cli import main
+
+    model, tokenizer, draft, draft_tokenizer = pair
+    verifier_dir, draft_dir, tokenizer_dir = (str(tmp_path / name) for name in ("verifier", "draft", "tokenizer"))
+    model.save_pretrained(verifier_dir)
+    tokenizer.save_pretrained(verifier_dir)
+    draft.save_pretrained(draft_dir)
+    tokenizer.save_pretrained(draft_dir)  # beside it, the verifier's: --draft-tokenizer names the right one
+    draft_tokenizer.save_pretrained(tokenizer_dir)
+    argv = ["generate", "--model", verifier_dir, "--draft", draft_dir, "--prompt", "the cat sat on the mat", "--compare",
+            "--json", "--max-new-tokens", "8", "-k", "3", "--no-chat-template"]
+    assert main([*argv, "--draft-tokenizer", tokenizer_dir]) == 0
+    data = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert data["identical"] == 1
+    with pytest.raises(SystemExit, match="--draft-tokenizer .*nowhere"):
+        main([*argv, "--draft-tokenizer", str(tmp_path / "nowhere")])
