@@ -26,6 +26,7 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.prompt_lookup import chain_of
 from specdec.protocol import DraftChain, DraftContext, Rows
 from specdec.runners.hf import cache_argument
+from specdec.transfer import upload
 
 LOOKBEHIND = 8  # verifier tokens before the drafts that are tokenized again with them
 
@@ -91,7 +92,8 @@ class CrossVocabDrafter(Drafter):
 
     def _step(self, tokens: list[int], cache: Any, device: torch.device) -> torch.Tensor:
         self.forwards += 1
-        out = self.model(input_ids=torch.tensor([tokens], device=device), use_cache=True, **{self._cache_arg: cache})
+        ids = upload(tokens, torch.long, device).view(1, -1)
+        out = self.model(input_ids=ids, use_cache=True, **{self._cache_arg: cache})
         return out.logits[0, -1]
 
     def _verifier_tokens(self, context: list[int], ids: list[int], new: list[int], k: int) -> list[int]:

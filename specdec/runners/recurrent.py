@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache, LinearAttentionLayer
 from specdec.runners import scans
 from specdec.runners.recurrent_layers import PerPosition, RecurrentLayer, Snapshot, StatelessLayer
 from specdec.runners.recurrent_layout import DummyLayer, Layout
+from specdec.transfer import upload
 
 # A rollback replays at most this many tokens one at a time, through the mixer's decode path: transformers' chunked
 # scans (the Gated DeltaNet's torch fallback pads every call to 64 tokens) cost a whole pass for a 2-token replay.
@@ -203,7 +204,8 @@ class RecurrentHistory:
         name, args, kwargs = self._open.inputs[i]
         out = output[0] if isinstance(output, tuple) else output
         for positions, rows in self._open.filler.items():
-            index, start = self._rows(i, rows)
+            index = self._index(i, rows)
+            start = self._open.before[i].select(index)
             if positions:
                 conv, recurrent, redone = self._replay(i, start, name, args, kwargs, index, list(positions))
                 at = torch.tensor(positions, dtype=torch.long, device=out.device)
@@ -273,19 +275,18 @@ class RecurrentHistory:
         self.abort()
         self.passes = []
 
-    def _rows(self, i: int, rows: list[int], done: _Pass | None = None) -> tuple[torch.Tensor, Snapshot]:
-        """``rows`` as an index on layer ``i``'s device, and their states before ``done`` (default: the open pass)."""
+    def _index(self, i: int, rows: list[int]) -> torch.Tensor:
+        """``rows`` as an index on layer ``i``'s device."""
         layer = self.layers[i]
         held = [t for t in (*layer.conv_states.values(), *layer.recurrent_states.values()) if t is not None]
-        index = torch.tensor(rows, dtype=torch.long, device=held[0].device if held else "cpu")
-        return index, (done or self._open).before[i].select(index)
+        return upload(rows, torch.long, held[0].device if held else "cpu")
 
     @torch.inference_mode()
     def _restore(self, passes: list[_Pass], j: int, slot: int, rows: list[int]) -> None:
         """Set ``rows``' states to those after token ``slot`` of ``passes[j]`` (-1: before it)."""
         done = passes[j]
         for i, layer in self.layers.items():
-            index, start = self._rows(i, rows, done)
+            index = self._index(i, rows)
             if slot >= 0 and i in done.at and (done.tree or done.padded or slot < done.width - 1):
                 conv, recurrent = done.at[i].at(slot, index)  # kept per position: a selection, no replay
             elif slot == done.width - 1 and j + 1 < len(passes):  # a chain forward's end: the next one's start
@@ -297,10 +298,10 @@ class RecurrentHistory:
                     raise RuntimeError(f"layer {i}'s mixer input was not recorded: its call signature is not one "
                                        "specdec reads")
                 name, args, kwargs = done.inputs[i]
-                conv, recurrent, _ = self._replay(i, start, name, args, kwargs, index, list(range(slot + 1)),
-                                                  stepwise=True)
+                conv, recurrent, _ = self._replay(i, done.before[i].select(index), name, args, kwargs, index,
+                                                  list(range(slot + 1)), stepwise=True)
             else:
-                conv, recurrent = start.conv, start.recurrent
+                conv, recurrent = (s := done.before[i].select(index)).conv, s.recurrent
             layer.write_rows(index, conv, recurrent)
 
     def _replay(self, i: int, start: Snapshot, name: str, args: tuple, kwargs: dict, index: torch.Tensor,

@@ -49,23 +49,20 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
             self.conv_states[state_idx] = self.conv_states[state_idx].to(conv_states.dtype)  # adopted across dtypes
         if not (self.has_previous_state[state_idx] and self.is_conv_states_initialized[state_idx]):
             return LinearAttentionLayer.update_conv_state(self, conv_states, state_idx, conv_kernel_size, **kwargs)
-        if self.static:  # in place, and every window into the fixed buffer
-            window = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
-            kernel = self.conv_kernel_size[state_idx]
-            self.pos_conv[state_idx][:, :, : conv_states.shape[-1] + 1].copy_(window.unfold(-1, kernel, 1))
-            self.conv_states[state_idx].copy_(window[..., -kernel:])
-            return window
         if self.tree is not None:  # each node's window from its parent's; the live state stays the tree's base
             nodes = scans.tree_conv_states(conv_states, self.tree, state_idx)
             base = self.conv_states[state_idx].unsqueeze(2)
             self.at_positions.conv[state_idx] = torch.cat([base, nodes.permute(1, 2, 0, 3)], dim=2)
             return conv_states
-        # [state before | the new inputs]: the state after r of them is window[..., r : r + kernel]. The new state
-        # is a new tensor, so the one before stays as it was (the history's checkpoint of a multi-token forward).
+        # [state before | the new inputs]: the state after r of them is window[..., r : r + kernel]
         window = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
         kernel = self.conv_kernel_size[state_idx]
-        self.conv_states[state_idx] = window[..., -kernel:].contiguous()
-        self.at_positions.conv[state_idx] = window.unfold(-1, kernel, 1)  # [batch, channels, width + 1, kernel]
+        if self.static:  # in place, and every window into the fixed buffer
+            self.pos_conv[state_idx][:, :, : conv_states.shape[-1] + 1].copy_(window.unfold(-1, kernel, 1))
+            self.conv_states[state_idx].copy_(window[..., -kernel:])
+        else:  # a new tensor, so the one before stays as it was (the history's checkpoint of a multi-token forward)
+            self.conv_states[state_idx] = window[..., -kernel:].contiguous()
+            self.at_positions.conv[state_idx] = window.unfold(-1, kernel, 1)  # [batch, channels, width + 1, kernel]
         return window
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
@@ -93,19 +90,18 @@ class RecurrentLayer(ManagedLayer, LinearAttentionLayer):
             self.recurrent_states[state_idx] = recurrent_states.to(dtype, copy=True)
         return self.recurrent_states[state_idx]
 
-    def reserve_positions(self, width: int) -> bool:
+    def reserve_positions(self, width: int) -> None:
         """Make the fixed per-position buffers hold passes of ``width`` tokens (zeroed: a graph's first pass may read
-        rows no scan wrote); True if they were (re)allocated (their addresses changed)."""
+        rows no scan wrote). A reallocation moves them: a captured graph then recaptures (static.py lists them)."""
         have = next(iter(self.pos_conv.values()), None)
         if have is not None and have.shape[2] > width:
-            return False
+            return
         for s, state in self.conv_states.items():
             if state is not None and self.is_conv_states_initialized[s]:
                 self.pos_conv[s] = state.new_zeros(*state.shape[:-1], width + 1, state.shape[-1])
         for s, state in self.recurrent_states.items():
             if state is not None and self.is_recurrent_states_initialized[s]:
                 self.pos_recurrent[s] = state.new_zeros(state.shape[0], width + 1, *state.shape[1:])
-        return True
 
     def static_positions(self, width: int) -> tuple[Snapshot, PerPosition]:
         """After a static pass of which ``width`` tokens are real: the states before it and after each of them, views

@@ -95,24 +95,25 @@ def _walk(initial: torch.Tensor, width: int, step: Callable[[torch.Tensor, int],
             state = step(state, t)
             states.append(state)
         return states
-    table = torch.cat([tree.recurrent[0].to(initial), initial.new_empty(width, *initial.shape)])
-    first, rows = table.shape[0] - width, torch.arange(initial.shape[0], device=initial.device)
+    return list(_grow(tree.recurrent[0].to(initial), tree.parents, width, step).unbind(0))
+
+
+def _grow(table: torch.Tensor, parents: torch.Tensor, width: int,
+          step: Callable[[torch.Tensor, int], torch.Tensor]) -> torch.Tensor:
+    """A tree's ``width`` new entries ``[width, batch, ...]``: entry ``t`` is ``step(its parent's entry, t)``, the
+    parent found by ``parents [batch, width]`` in ``table [entries, batch, ...]`` followed by the new entries."""
+    table = torch.cat([table, table.new_empty(width, *table.shape[1:])])
+    first, rows = table.shape[0] - width, torch.arange(table.shape[1], device=table.device)
     for t in range(width):
-        table[first + t] = step(table[tree.parents[:, t], rows], t)
-    return list(table[first:].unbind(0))
+        table[first + t] = step(table[parents[:, t], rows], t)
+    return table[first:]
 
 
 def tree_conv_states(inputs: torch.Tensor, tree: Tree, state_idx: int) -> torch.Tensor:
     """Each new node's conv state ``[width, batch, channels, kernel]``: its parent's shifted by one, then the node's
     own input (``inputs [batch, channels, width]``)."""
-    width = inputs.shape[-1]
-    table = tree.conv[state_idx].to(inputs.dtype)
-    table = torch.cat([table, table.new_empty(width, *table.shape[1:])])
-    first, rows = table.shape[0] - width, torch.arange(inputs.shape[0], device=inputs.device)
-    for t in range(width):
-        parent = table[tree.parents[:, t], rows]
-        table[first + t] = torch.cat([parent[..., 1:], inputs[:, :, t : t + 1]], dim=-1)
-    nodes = table[first:]
+    nodes = _grow(tree.conv[state_idx].to(inputs.dtype), tree.parents, inputs.shape[-1],
+                  lambda parent, t: torch.cat([parent[..., 1:], inputs[:, :, t : t + 1]], dim=-1))
     _local.conv_nodes = nodes
     return nodes
 
