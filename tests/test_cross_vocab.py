@@ -8,10 +8,12 @@ import string
 
 import pytest
 import torch
+from law import ALPHA
 from tiny_models import VOCAB, char_tokenizer, make_model
 
 import specdec
 from specdec.drafters.cross_vocab import CrossVocabDrafter
+from specdec.drafters.shared_vocab import SharedVocabularyError
 from specdec.drafters.model import VocabularyMismatchError
 
 
@@ -91,3 +93,92 @@ def test_the_cli_takes_the_drafters_tokenizer(pair, tmp_path, capsys):
     assert data["identical"] == 1
     with pytest.raises(SystemExit, match="--draft-tokenizer .*nowhere"):
         main([*argv, "--draft-tokenizer", str(tmp_path / "nowhere")])
+
+
+# --------------------------------------------------------------------------------------------
+# sampling: token-level intersection (TLI) over the tokens both vocabularies share
+# --------------------------------------------------------------------------------------------
+
+
+def _word_level(vocab: dict[str, int], unk: str):
+    """A character tokenizer over ``vocab`` (no special tokens declared to transformers)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def _tiny_pair():
+    """An 8-token verifier (characters a-h) and a noisy drafter whose vocabulary lacks 'a', has 'z', and orders the
+    rest backwards: six shared tokens, not at their verifier ids."""
+    from test_sampling import _tiny_vocab_model
+    from tiny_models import perturbed_copy
+
+    verifier = _tiny_vocab_model(4)
+    chars = "abcdefgh"
+    vtok = _word_level({c: i for i, c in enumerate(chars)}, unk="a")
+    dvocab = {"z": 0, **{c: 8 - i for i, c in enumerate(chars) if c not in "ah"}, "h": 1}
+    draft = perturbed_copy(verifier, 0.4)
+    order = [0] * 8  # draft id -> the verifier row it takes
+    for c, d in dvocab.items():
+        order[d] = vtok.convert_tokens_to_ids(c) if c != "z" else 0
+    with torch.no_grad():
+        for weight in {id(w): w for w in (draft.get_input_embeddings().weight,
+                                          draft.get_output_embeddings().weight)}.values():
+            weight.copy_(weight[order])
+    return verifier, vtok, draft, _word_level(dvocab, unk="z")
+
+
+def _tli_law(verifier, vtok, draft, dtok, rows: int = 2400) -> float:
+    from law import chi2, exact_joint, tally
+
+    prompt, steps = torch.tensor([[3, 1, 4, 3, 1]]), 3
+    drafter = CrossVocabDrafter(draft, dtok, vtok, sample="a bad cafe faced a big hedge")  # text in a-h
+    spec = specdec.SpeculativeModel(verifier, drafter, num_draft_tokens=2, tokenizer=vtok)
+    sampling = dict(temperature=0.9, top_k=6)
+    out = spec.generate(prompt.expand(rows, -1), max_new_tokens=steps, do_sample=True,
+                        generator=torch.Generator().manual_seed(11), **sampling)
+    assert spec.last_stats.proposed > 0 and spec.last_stats.accepted > 0
+    return chi2(tally(out[:, prompt.shape[1]:].tolist()), exact_joint(verifier, prompt, steps, **sampling), rows)
+
+
+def test_the_shared_vocabulary_maps_tokens_by_their_text():
+    _, vtok, draft, dtok = _tiny_pair()
+    shared = CrossVocabDrafter(draft, dtok, vtok).shared_vocab()
+    assert sorted(vtok.convert_ids_to_tokens(shared.verifier_ids.tolist())) == list("bcdefgh")
+    assert [dtok.convert_ids_to_tokens(int(shared.to_draft[vtok.convert_tokens_to_ids(c)])) for c in "bch"] == \
+        list("bch")
+    assert int(shared.to_draft[vtok.convert_tokens_to_ids("a")]) == -1
+
+
+def test_sampled_cross_vocabulary_drafts_keep_the_verifier_law():
+    assert _tli_law(*_tiny_pair()) > ALPHA
+
+
+def test_drafts_judged_by_a_distribution_they_were_not_drawn_from_fail_the_same_law_test(monkeypatch):
+    """The negative control: the drafts' ``q`` reported unrestricted-like (flattened), not what they were drawn from."""
+    sample = CrossVocabDrafter._sample
+
+    def flattened(self, *args, **kwargs):
+        chain = sample(self, *args, **kwargs)
+        q = chain.probs.sqrt() * (chain.probs > 0)
+        chain.probs = q / q.sum(dim=-1, keepdim=True)
+        return chain
+
+    monkeypatch.setattr(CrossVocabDrafter, "_sample", flattened)
+    assert _tli_law(*_tiny_pair()) < ALPHA
+
+
+def test_a_pair_that_shares_too_little_is_refused_in_one_line(pair):
+    model, tokenizer, draft, _ = pair
+    few = _word_level({"<unk>": 0, **{c: i + 1 for i, c in enumerate("XYZ0123")}}, unk="<unk>")
+    spec = specdec.SpeculativeModel(model, draft, num_draft_tokens=3, tokenizer=tokenizer, draft_tokenizer=few)
+    ids = tokenizer("the cat sat", return_tensors="pt").input_ids
+    with pytest.raises(SharedVocabularyError, match=r"shares 7 of the verifier's \d+ tokens, \d+% .*TLI") as err:
+        spec.generate(ids, max_new_tokens=4, do_sample=True)
+    assert "\n" not in str(err.value)
+    greedy = dict(max_new_tokens=4, do_sample=False, eos_token_id=None)
+    assert torch.equal(spec.generate(ids, **greedy), model.generate(ids, **greedy))  # greedy goes by text

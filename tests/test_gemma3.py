@@ -70,16 +70,21 @@ def test_a_ragged_batch_and_a_prompt_past_the_window_are_generate(gemma):
 
 @pytest.mark.slow
 def test_gemma_and_smollm2_draft_for_each_other_across_vocabularies(gemma, smollm2):
-    """Cross-vocabulary drafting (SLEM) both ways: greedy output is the verifier's at batch 1 and 2."""
+    """Cross-vocabulary drafting both ways: greedy (SLEM) output is the verifier's at batch 1 and ragged batch 4;
+    sampled drafts (TLI) are accepted."""
     from specdec.drafters.cross_vocab import CrossVocabDrafter
 
+    prompts = [TEXT + "The market", "Once upon a time, in a small village,", TEXT * 2 + "The river runs", "def add(a, b):"]
     for (verifier, vtok), (draft, dtok) in ((gemma, smollm2), (smollm2, gemma)):
         spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=4, tokenizer=vtok, draft_tokenizer=dtok)
         assert isinstance(spec.drafter, CrossVocabDrafter)
-        ids = _ids(vtok, TEXT * 2 + "The river runs")
+        ids = _ids(vtok, prompts[2])
         kwargs = dict(max_new_tokens=16, do_sample=False)
         assert torch.equal(spec.generate(ids, **kwargs), verifier.generate(ids, **kwargs))
         assert spec.last_stats.accepted > 0
         vtok.padding_side = "left"
-        batch = vtok([TEXT + "The market", "Once upon a time, in a small village,"], return_tensors="pt", padding=True)
+        batch = vtok(prompts, return_tensors="pt", padding=True)
         assert torch.equal(spec.generate(**batch, **kwargs), verifier.generate(**batch, **kwargs))
+        out = spec.generate(**batch, max_new_tokens=16, do_sample=True, temperature=0.7,
+                            generator=torch.Generator().manual_seed(0))
+        assert out.shape[0] == 4 and spec.last_stats.accepted > 0

@@ -47,6 +47,8 @@ class Drafter:
     supports_tree: bool = False
     #: how this drafter was chosen (``draft="auto"``: the ranking it measured), for ``SpecStats.draft_choice``
     choice: dict | None = None
+    #: the tokenizer of a drafter that speaks another vocabulary than the verifier's (None: the verifier's)
+    draft_tokenizer: Any = None
 
     @property
     def model(self) -> torch.nn.Module | None:

@@ -1,42 +1,41 @@
-"""A drafter with another tokenizer than the verifier's: string-level exact match (SLEM; Timor et al., ICML 2025).
+"""A drafter with another tokenizer than the verifier's (Timor et al., ICML 2025; transformers'
+``AssistedCandidateGeneratorDifferentTokenizers`` and ``UniversalSpeculativeDecodingGenerator``, both batch 1).
 
-The draft model drafts in its own vocabulary. Its drafts become text, and that text is tokenized again in the
-verifier's vocabulary: those verifier tokens are the proposal. The verifier then checks them as it checks any
-drafts. The drafts are deterministic, with a one-hot ``q``, so the output is the verifier's under greedy decoding and
-under sampling alike; what the tokenizers disagree on only costs acceptance.
+Each pass, every row's committed text is tokenized again in the draft vocabulary. The draft model keeps one managed
+cache for the whole batch: each row is cropped to the longest prefix of draft tokens it shares with what was fed
+(a token boundary that moved, the rejected drafts), the rest is fed in one ragged forward, and the batch drafts
+``k`` tokens together. What the drafts become:
 
-Per row, the draft model keeps its own KV cache over the draft tokens of the row's text. Each pass re-tokenizes the
-committed text in the draft vocabulary, crops the cache to the longest prefix it shares with what was fed (a token
-boundary that moved, the rejected drafts), and feeds the rest. The verifier tokens of the drafted text are found by
-re-tokenizing it after the context's last few verifier tokens (``lookbehind``), so that a merge across the boundary
-shows: where those tokens do not come back unchanged, the row proposes nothing this pass.
+- greedy, string-level exact match (SLEM): the drafted text, tokenized again in the verifier's vocabulary after the
+  context's last few verifier tokens (``lookbehind``, so that a merge across the boundary shows: where those tokens
+  do not come back unchanged, the row proposes nothing this pass). The drafts are deterministic (one-hot ``q``).
+- sampling, token-level intersection (TLI): each draft is sampled from the drafter's distribution restricted to the
+  tokens both vocabularies share (:mod:`specdec.drafters.shared_vocab`), through the call's logits processors, and
+  is that shared token's verifier id; its probabilities are ``q`` for rejection sampling. A pair that shares too
+  little is refused (:class:`~specdec.drafters.shared_vocab.SharedVocabularyError`).
 
-Rows are drafted one at a time (any batch, ragged). transformers' ``AssistedCandidateGeneratorDifferentTokenizers``
-does the same at batch 1 only. Not yet: trees, and token-level intersection (TLI) for sampled drafts.
+Either way the verifier decides, so the output is the verifier's; what the tokenizers disagree on costs acceptance.
+Not here: trees.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
+from specdec.drafters.model import processed_scores
 from specdec.drafters.prompt_lookup import chain_of
+from specdec.drafters.shared_vocab import SAMPLE, SharedVocab
 from specdec.protocol import DraftChain, DraftContext, Rows
-from specdec.runners.hf import cache_argument
+from specdec.runners.hf import CausalLMRunner
+from specdec.runners.session import CacheSession
 from specdec.transfer import upload
 
 LOOKBEHIND = 8  # verifier tokens before the drafts that are tokenized again with them
-
-
-@dataclass
-class _Row:
-    """One row's draft-model state: the draft tokens its cache holds, and the cache."""
-
-    fed: list[int] = field(default_factory=list)
-    cache: Any = None
+_ROOM = 64  # draft-cache slots past the expected need (a compaction, then a new cache, when they run out)
 
 
 class CrossVocabDrafter(Drafter):
@@ -45,56 +44,129 @@ class CrossVocabDrafter(Drafter):
     supports_tree = False
 
     def __init__(self, model: torch.nn.Module, draft_tokenizer: Any, verifier_tokenizer: Any,
-                 lookbehind: int = LOOKBEHIND) -> None:
-        self._model, self.dtok, self.vtok, self.lookbehind = model, draft_tokenizer, verifier_tokenizer, lookbehind
-        self._rows: list[_Row] = []
+                 lookbehind: int = LOOKBEHIND, sample: str = SAMPLE) -> None:
+        """``sample``: the text on which the share of verifier tokens the vocabularies share is measured."""
+        self.sample = sample
+        self._model, self.dtok, self.vtok, self.lookbehind = model.eval(), draft_tokenizer, verifier_tokenizer, lookbehind
+        self.runner = CausalLMRunner(model, role="drafter")
+        self._shared: dict[str, SharedVocab] = {}  # built at the first sampled call, shared by every call's copy
+        self._session: CacheSession | None = None
+        self._fed: list[list[int]] = []  # per row: the draft tokens its cache holds, in order
+        self._budget = 0
+        self._sampled = False
         self.forwards = 0
-        self._cache_arg = cache_argument(model)
 
     @property
     def model(self) -> torch.nn.Module:
         return self._model
 
-    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, **_: Any) -> None:
-        self._rows = [_Row() for _ in range(input_ids.shape[0])]
-        self.forwards = 0
+    @property
+    def draft_tokenizer(self) -> Any:
+        return self.dtok
 
-    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
-        drafts = [self._draft(b, rows.host(b)[rows.pads[b] :], k) if k > 0 else [] for b in range(len(rows))]
-        return chain_of(drafts, rows, ctx)
+    def shared_vocab(self) -> SharedVocab:
+        """The tokens the two vocabularies share (built once; :meth:`SharedVocab.check` not applied)."""
+        if "cpu" not in self._shared:
+            self._shared["cpu"] = SharedVocab.of(self.dtok, self.vtok, self.sample)
+        return self._shared["cpu"]
+
+    def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, **_: Any) -> None:
+        self._session, self._fed, self.forwards, self._sampled = None, [[] for _ in range(input_ids.shape[0])], 0, False
+        self._budget = 2 * (max_len - input_ids.shape[1]) + _ROOM  # draft tokens past the prompt's, roughly
 
     @torch.no_grad()
-    def _draft(self, b: int, context: list[int], k: int) -> list[int]:
-        """Up to ``k`` verifier tokens for row ``b``, whose real tokens are ``context`` (verifier ids)."""
-        row = self._rows[b]
-        ids = self.dtok(self.vtok.decode(context, skip_special_tokens=True)).input_ids
-        if not ids:
-            return []
-        shared = 0
-        while shared < min(len(row.fed), len(ids) - 1) and row.fed[shared] == ids[shared]:
-            shared += 1
-        if row.cache is None or shared == 0:
-            from transformers import DynamicCache
-
-            row.cache, shared = DynamicCache(config=self.model.config), 0
-        elif shared < len(row.fed):
-            row.cache.crop(shared - len(row.fed))  # transformers 5 crops by a negative count
-        device = next(self.model.parameters()).device
-        logits = self._step(ids[shared:], row.cache, device)
-        new: list[int] = []
+    def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
+        if k <= 0:
+            return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device))
+        contexts = [rows.host(b)[rows.pads[b]:] for b in range(len(rows))]
+        ids = [self._draft_ids(c) for c in contexts]
+        logits = self._catch_up(ids, k, rows.device)
+        if ctx.do_sample:
+            return self._sample(rows, ids, logits, k, ctx)
+        drafted = []
         for i in range(k):
-            new.append(int(logits.argmax()))
-            if new[-1] == self.dtok.eos_token_id or i == k - 1:
-                break
-            logits = self._step(new[-1:], row.cache, device)
-        row.fed = ids + new[:-1]
-        return self._verifier_tokens(context, ids, new, k)
+            drafted.append(logits.argmax(dim=-1))
+            if i < k - 1:
+                logits = self._step(drafted[-1])
+        new = torch.stack(drafted, dim=1).tolist()  # the pass's one read of the drafts
+        self._fed = [row + d[: k - 1] for row, d in zip(ids, new)]
+        eos = self.dtok.eos_token_id
+        new = [d[: d.index(eos) + 1] if eos in d else d for d in new]
+        return chain_of([self._verifier_tokens(c, i, n, k) for c, i, n in zip(contexts, ids, new)], rows, ctx)
 
-    def _step(self, tokens: list[int], cache: Any, device: torch.device) -> torch.Tensor:
+    def _sample(self, rows: Rows, ids: list[list[int]], logits: torch.Tensor, k: int, ctx: DraftContext) -> DraftChain:
+        """TLI: ``k`` verifier tokens per row, each sampled from the drafter's distribution over the shared tokens."""
+        if not self._sampled:
+            self.shared_vocab().check()
+            self._sampled = True
+        device = logits.device
+        shared = self._shared.get(str(device)) or self._shared.setdefault(str(device), self.shared_vocab().to(device))
+        vocab = ctx.vocab_size or shared.verifier_size
+        contexts, tokens, probs = rows.contexts(), [], []
+        for i in range(k):
+            p = draft_distribution(processed_scores(shared.verifier_scores(logits, vocab), contexts, ctx))
+            token = torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1)
+            tokens.append(token)
+            probs.append(p)
+            if ctx.processors:  # processors read the context: extend each row by its draft
+                contexts = [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(contexts, token)]
+            if i < k - 1:
+                logits = self._step(shared.to_draft[token].clamp_min(0))  # -1: a processor left no shared token
+        tokens_ = torch.stack(tokens, dim=1)
+        fed = shared.to_draft[tokens_[:, : k - 1]].clamp_min(0).tolist()
+        self._fed = [row + f for row, f in zip(ids, fed)]
+        return DraftChain(tokens_, torch.stack(probs, dim=1))
+
+    def _draft_ids(self, context: list[int]) -> list[int]:
+        """The draft tokens of a row's text (verifier ids ``context``); never empty."""
+        ids = self.dtok(self.vtok.decode(context, skip_special_tokens=True)).input_ids
+        if ids:
+            return ids
+        start = self.dtok.bos_token_id if self.dtok.bos_token_id is not None else self.dtok.eos_token_id
+        return [start if start is not None else 0]
+
+    def _catch_up(self, ids: list[list[int]], k: int, device: torch.device) -> torch.Tensor:
+        """Crop each row's cache to the prefix it shares with ``ids`` (at least one token left to feed), feed the
+        rest in one ragged forward; the last logits ``[B, V_draft]``."""
+        shared = []
+        for row, fed in zip(ids, self._fed):
+            n, top = 0, min(len(fed), len(row) - 1)
+            while n < top and fed[n] == row[n]:
+                n += 1
+            shared.append(n)
+        pending = [row[n:] for row, n in zip(ids, shared)]
+        width = max(map(len, pending))
         self.forwards += 1
-        ids = upload(tokens, torch.long, device).view(1, -1)
-        out = self.model(input_ids=ids, use_cache=True, **{self._cache_arg: cache})
-        return out.logits[0, -1]
+        session = self._session
+        if session is not None:
+            session.keep(shared)
+            if session.length + width + k > session.cache.max_cache_len:  # the holes of ragged rollbacks
+                session.compact()
+            if session.length + width + k > session.cache.max_cache_len:
+                session = None
+        if session is None:
+            return self._prefill(ids, device)
+        block = upload([[0] * (width - len(p)) + p for p in pending], torch.long, device)  # right-aligned: every
+        real = upload([[False] * (width - len(p)) + [True] * len(p) for p in pending], torch.bool, device)  # forward
+        return session.forward(block, real, **self._extra()).logits[:, -1]  # ends with a real column
+
+    def _prefill(self, ids: list[list[int]], device: torch.device) -> torch.Tensor:
+        """A new cache holding ``ids`` (left padded): the first pass, or one whose rows outgrew the last."""
+        if self._session is not None:
+            self._session.release()
+        width = max(map(len, ids))
+        block = upload([[0] * (width - len(r)) + r for r in ids], torch.long, device)
+        real = upload([[False] * (width - len(r)) + [True] * len(r) for r in ids], torch.bool, device)
+        self._session, out = self.runner.prefill(block, real, width + self._budget)
+        return out.logits
+
+    def _step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one draft token per row (``[B]``); the next logits."""
+        self.forwards += 1
+        return self._session.forward(tokens.unsqueeze(1), **self._extra()).logits[:, -1]
+
+    def _extra(self) -> dict:
+        return {"logits_to_keep": 1} if self.runner.keep_logits else {}
 
     def _verifier_tokens(self, context: list[int], ids: list[int], new: list[int], k: int) -> list[int]:
         """The verifier tokens of the text ``new`` adds to ``ids`` (draft ids), continuing ``context``; none where
@@ -102,17 +174,22 @@ class CrossVocabDrafter(Drafter):
         full, base = self.dtok.decode(ids + new, skip_special_tokens=True), self.dtok.decode(ids, skip_special_tokens=True)
         if not full.startswith(base) or len(full) == len(base):
             return []
-        tail = context[-self.lookbehind :]
-        again = self.vtok(self.vtok.decode(tail) + full[len(base) :], add_special_tokens=False).input_ids
+        tail = context[-self.lookbehind:]
+        again = self.vtok(self.vtok.decode(tail) + full[len(base):], add_special_tokens=False).input_ids
         if again[: len(tail)] != tail:
             return []
-        return again[len(tail) : len(tail) + k]
+        return again[len(tail): len(tail) + k]
 
     def keep_rows(self, indices: torch.Tensor) -> None:
-        self._rows = [self._rows[i] for i in indices.tolist()]
+        index = indices.tolist()
+        self._fed = [self._fed[i] for i in index]
+        if self._session is not None:
+            self._session.keep_rows(indices)
 
     def finish(self) -> None:
-        self._rows = []
+        if self._session is not None:
+            self._session.release()
+        self._session, self._fed = None, []
 
     def stats(self) -> dict[str, float]:
         return {"draft_forwards": float(self.forwards)}
