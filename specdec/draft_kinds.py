@@ -270,6 +270,56 @@ register_kind(DrafterKind(
 ), builtin=True)
 
 
+# --- pard: a draft model that proposes k tokens in one forward ------------------------------------------------
+
+
+def _pard(text: str, arg: str | None) -> dict[str, Any]:
+    where, _, option = (arg or "").partition(",")
+    if not where.strip():
+        raise DraftSpecError(f"drafter {text!r} needs the PARD model's directory after ':', e.g. pard:./pard-135m")
+    scheme = None
+    if option:
+        key, _, scheme = option.partition("=")
+        if key.strip() != "quant" or not scheme.strip():
+            raise DraftSpecError(f"drafter {text!r}: after the directory only ',quant=SCHEME' (e.g. ,quant=int8)")
+    return {"head": where.strip(), "scheme": scheme.strip() if scheme else None}
+
+
+def _build_pard(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.model import check_vocab_compat
+    from specdec.drafters.pard import PardDrafter, pard_tokens
+    from specdec.models import load_model
+
+    model, tok = load_model(spec.head, dtype=verifier.dtype, device=verifier.device)
+    pard_tokens(model.config)  # a plain model fails here, naming the key
+    check_vocab_compat(verifier, model, verifier_tokenizer, draft_tokenizer or tok)
+    if spec.scheme:
+        from specdec.quant import quantize
+
+        model = quantize(model, spec.scheme)
+    return PardDrafter(model)
+
+
+def _check_pard(spec: DraftSpec) -> None:
+    from specdec.models import ModelNotFoundError, resolve_model_source
+
+    try:
+        resolve_model_source(spec.head)
+    except ModelNotFoundError:
+        raise DraftSpecError(f"{spec.text}: no PARD model at {spec.head!r}") from None
+    if spec.scheme:
+        _check_scheme(spec)
+
+
+register_kind(DrafterKind(
+    "pard", "pard:DIR[,quant=SCHEME]", _build_pard, parse=_pard, check=_check_pard,
+    describe=lambda spec, verifier: {
+        "description": f"{spec.text}: a PARD draft model (k tokens from one forward, mask tokens after the context)"
+                       + (f", quantized {spec.scheme}" if spec.scheme else ""),
+        "note": "acceptance falls with the draft position: each mask predicts further ahead without the drafts before it"},
+), builtin=True)
+
+
 # --- a local model directory / .gguf file (every other name) ---------------------------------------------
 
 

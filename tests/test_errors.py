@@ -27,6 +27,7 @@ USER_FACING = [
     ("specdec.training.pipeline", "OutLockedError", ValueError),
     ("specdec.training.report_cli", "ReportDataError", ValueError),
     ("specdec.drafters.model", "VocabularyMismatchError", ValueError),
+    ("specdec.drafters.shared_vocab", "SharedVocabularyError", ValueError),
     ("specdec.draft_registry", "DraftSpecError", ValueError),
     ("specdec.draft_registry", "DrafterTypeError", TypeError),
     ("specdec.sizing.check", "PlanError", MemoryError),

@@ -14,7 +14,7 @@ and the evaluation never probe a drafter with ``hasattr``. A drafter's life in o
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -138,6 +138,10 @@ class WrappingDrafter(Drafter):
     @property
     def supports_tree(self) -> bool:
         return self.inner.supports_tree
+
+    @property
+    def draft_tokenizer(self) -> Any:
+        return self.inner.draft_tokenizer
 
     @property
     def choice(self) -> dict | None:

@@ -26,7 +26,7 @@ import torch
 
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
-from specdec.drafters.model import processed_scores
+from specdec.drafters.scores import processed_scores
 from specdec.drafters.prompt_lookup import chain_of
 from specdec.drafters.shared_vocab import SAMPLE, SharedVocab
 from specdec.protocol import DraftChain, DraftContext, Rows

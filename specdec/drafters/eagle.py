@@ -23,7 +23,7 @@ from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
 from specdec.protocol import Commit, DraftChain, DraftContext, Rows, left_pads
 from specdec.runners.static import COMPILE_ERRORS
-from specdec.drafters.model import processed_scores
+from specdec.drafters.scores import processed_scores
 from specdec.heads.checkpoint import load_head, verifier_shape
 from specdec.heads.static_draft import draft_chain, region_steps
 from specdec.runners.capture import PhaseGraphs

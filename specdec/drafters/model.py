@@ -11,6 +11,7 @@ from transformers import PreTrainedModel
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
+from specdec.drafters.scores import processed_scores
 from specdec.protocol import Commit, DraftContext, DraftChain, Rows
 from specdec.processing import RowContext
 from specdec.trees.build import TreeShape, grow_tree
@@ -75,19 +76,6 @@ def check_vocab_compat(
             "Pass both tokenizers to specdec to check the vocabularies exactly.",
             stacklevel=3,
         )
-
-
-def processed_scores(logits: torch.Tensor, contexts: list[RowContext], ctx: DraftContext) -> torch.Tensor:
-    """Draft logits ``[B, V']`` as the verifier will judge them: fitted to its vocabulary (ids past it
-    dropped, missing ones -inf) and through the call's logits processors, entry ``b`` with
-    ``contexts[b] = (row owner, context)`` (:meth:`Rows.contexts`)."""
-    logits = logits.float()
-    vocab = ctx.vocab_size or logits.shape[-1]
-    if logits.shape[-1] > vocab:  # padded head: ids past the verifier's vocabulary do not exist
-        logits = logits[..., :vocab]
-    elif logits.shape[-1] < vocab:
-        logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
-    return ctx.processors.apply(contexts, logits)
 
 
 class ModelDrafter(Drafter):

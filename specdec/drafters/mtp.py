@@ -25,7 +25,7 @@ import torch
 
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
-from specdec.drafters.model import processed_scores
+from specdec.drafters.scores import processed_scores
 from specdec.drafters.qwen_mtp import is_qwen_mtp, load_qwen_mtp, qwen_mtp_layer_count
 from specdec.protocol import Commit, DraftChain, DraftContext, Rows, left_pads
 from specdec.runners.cache import ManagedCache

@@ -89,6 +89,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                      help="'auto' (this process's accelerate device: cuda:N or cpu), 'cpu', 'cuda:0', ...")
     gen.add_argument("--draft", nargs="+", default=[DEFAULT_DRAFT], metavar="DRAFT",
                      help=f"drafter(s): {forms()} (hf-assisted is skipped for drafters that are not causal LMs)")
+    gen.add_argument("--draft-tokenizer", metavar="DIR",
+                     help="the drafters' tokenizer (a local directory), where it differs from the model's and is not "
+                          "beside the drafter: drafts then go by text (hf-uag compares transformers' own)")
     gen.add_argument("--adaptive", action="store_true",
                      help="also run each specdec method with adaptive draft length (up to its k); mean_draft_length "
                           "in summary.json and the report shows the k each method actually drafted")
@@ -189,6 +192,13 @@ def run_eval(args: argparse.Namespace) -> int:
     if dataset is None:
         raise SystemExit(f"error: {missing_default_dataset('--dataset')}")
 
+    if args.draft_tokenizer:  # a directory that holds no tokenizer fails now, not after the model load
+        from transformers import AutoTokenizer
+
+        try:
+            AutoTokenizer.from_pretrained(args.draft_tokenizer, local_files_only=True)
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"error: --draft-tokenizer {args.draft_tokenizer}: {' '.join(str(err).split())}") from None
     import torch
     from accelerate import PartialState
 
@@ -223,7 +233,7 @@ def run_eval(args: argparse.Namespace) -> int:
         adaptive=args.adaptive, tree=args.tree, verify=args.verify, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, seeding=args.seeding, chat=not args.no_chat_template,
         prompt_lookup_num_tokens=args.prompt_lookup_tokens, batch_size=args.batch_size, json_schema=args.json_schema,
-        compile_drafter=args.compile_drafter, compile_verifier={None: False, "on": True, "both": "both"}[args.compile_verifier], warmup=not args.no_warmup, progress=not args.no_progress,
+        draft_tokenizer=args.draft_tokenizer, compile_drafter=args.compile_drafter, compile_verifier={None: False, "on": True, "both": "both"}[args.compile_verifier], warmup=not args.no_warmup, progress=not args.no_progress,
         plots=not args.no_plots, overwrite=args.overwrite, model_name=args.model, dataset=str(dataset),
         summary_config={"per_group": "all" if per_group is None else per_group, "drafts": args.draft,
                         "num_draft_tokens": args.num_draft_tokens, "baselines": args.baselines, "tree": args.tree,

@@ -36,6 +36,7 @@ class BaselineSetup:
     draft: str | None  # the method's drafter name (baselines with ``needs_draft``), else None
     assistant: Any  # that drafter's causal LM, for ``model.generate(assistant_model=...)`` (None: it is not one)
     prompt_lookup_num_tokens: int  # the run's ``EvalConfig.prompt_lookup_num_tokens``
+    assistant_tokenizer: Any = None  # that drafter's own tokenizer, where its vocabulary is not the verifier's
 
 
 def model_generate(model: Any, input_ids: Any, **kwargs: Any) -> Any:

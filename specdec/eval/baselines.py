@@ -6,6 +6,8 @@
 - ``hf-assisted[D]``: ``model.generate(assistant_model=<D's model>)`` with transformers' defaults;
 - ``hf-assisted-heuristic[D]``: the same with transformers' ``num_assistant_tokens_schedule="heuristic"``
   (its adaptive draft length);
+- ``hf-uag[D]``: the same with ``tokenizer=`` and ``assistant_tokenizer=``, for a drafter whose vocabulary differs
+  (transformers' universal assisted generation; batch 1);
 - ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
 - ``hf-mtp``: ``model.generate(use_mtp=True)``, transformers drafting with the model's own MTP layers (batch 1;
   models with MTP weights only: specdec's counterpart is ``specdec[mtp]``).
@@ -42,6 +44,7 @@ __all__ = [
 HF, HF_COMPILED, HF_ASSISTED, HF_PROMPT_LOOKUP = "hf", "hf-compiled", "hf-assisted", "hf-prompt-lookup"
 HF_ASSISTED_HEURISTIC = "hf-assisted-heuristic"
 HF_MTP = "hf-mtp"
+HF_UAG = "hf-uag"
 #: the assistant generation settings of ``hf-assisted-heuristic``: transformers' own heuristic schedule
 #: (k + 2 after a fully accepted draft, k - 1 otherwise) from its former default start of 5 tokens
 HEURISTIC_ASSISTANT = {"num_assistant_tokens_schedule": "heuristic", "num_assistant_tokens": 5}
@@ -57,10 +60,23 @@ _AUTO_COMPILE_DEVICES = ("cuda", "xpu", "neuron", "tpu")
 
 
 def _assistant(setup: BaselineSetup) -> dict[str, Any]:
-    """The drafter's causal LM as transformers' ``assistant_model`` (the very module specdec drafts with)."""
+    """The drafter's causal LM as transformers' ``assistant_model`` (the very module specdec drafts with); with both
+    tokenizers where its vocabulary differs (transformers then drafts across vocabularies, as ``hf-uag`` does)."""
     if setup.assistant is None:
         raise ValueError(f"drafter {setup.draft!r} is not a causal LM: HF assisted generation cannot use it")
-    return {"assistant_model": setup.assistant}
+    if setup.assistant_tokenizer is None:
+        return {"assistant_model": setup.assistant}
+    return {"assistant_model": setup.assistant, "tokenizer": setup.tokenizer,
+            "assistant_tokenizer": setup.assistant_tokenizer}
+
+
+def _universal_assistant(setup: BaselineSetup) -> dict[str, Any]:
+    """``hf-uag``: transformers' assisted generation across vocabularies (``assistant_tokenizer=``; greedy: string
+    matching, ``AssistedCandidateGeneratorDifferentTokenizers``; sampling: ``UniversalSpeculativeDecodingGenerator``)."""
+    if setup.assistant is not None and setup.assistant_tokenizer is None:
+        raise ValueError(f"hf-uag drafts across vocabularies: drafter {setup.draft!r} shares the verifier's "
+                         "(use hf-assisted), or give its tokenizer (--draft-tokenizer)")
+    return _assistant(setup)
 
 
 @contextlib.contextmanager
@@ -218,6 +234,10 @@ register_baseline(Baseline(
 register_baseline(Baseline(
     HF_ASSISTED_HEURISTIC, _generate_heuristic, generate_kwargs=_assistant, needs_draft=True, drafts=True,
     batchable=False, label="heuristic",
+), builtin=True)
+register_baseline(Baseline(  # transformers takes one row with assistant_tokenizer=
+    HF_UAG, model_generate, generate_kwargs=_universal_assistant, needs_draft=True, drafts=True, batchable=False,
+    label="uag",
 ), builtin=True)
 register_baseline(Baseline(
     HF_PROMPT_LOOKUP, model_generate,

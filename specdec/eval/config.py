@@ -77,6 +77,8 @@ class EvalConfig:
             configurations.
         summary_config: more entries for ``summary.json``'s ``config`` (``specdec eval`` records its
             ``per_group``, drafters, draft lengths, baselines and command line there).
+        draft_tokenizer: a local tokenizer directory for drafters whose vocabulary differs from the verifier's and
+            that have none beside them (a tokenizer beside a drafter's model is found without it).
     """
 
     out_dir: str | os.PathLike
@@ -106,6 +108,15 @@ class EvalConfig:
     model_name: str | None = None
     dataset: str | None = None
     summary_config: Mapping[str, Any] | None = None
+    draft_tokenizer: str | None = None
+
+    def load_draft_tokenizer(self) -> Any:
+        """The tokenizer ``draft_tokenizer`` names (a local directory), or None."""
+        if self.draft_tokenizer is None:
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.draft_tokenizer, local_files_only=True)
 
     def check(self) -> None:
         """Raise ``ValueError`` for settings no run can use (checked by ``run_eval`` before any work)."""

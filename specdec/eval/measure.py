@@ -278,14 +278,15 @@ def restore_compile_state(model: Any) -> Iterator[None]:
 
 def build_runners(
     methods: Sequence[MethodSpec], model: Any, tokenizer: Any, prompt_lookup_num_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS,
-    compile_drafter: bool = False, seeding: str = "generator",
+    compile_drafter: bool = False, seeding: str = "generator", draft_tokenizer: Any = None,
 ) -> dict[str, Runner]:
     """One runner per method; each drafter is built once and shared by its specdec and HF-assisted methods.
 
     ``compile_drafter`` compiles specdec's model drafters (not the module HF assisted generation uses:
     the compiled forward belongs to the drafter, the module is left as it is). Methods with ``compiled`` get
     compiled verify passes (:func:`prime_verifiers` compiles them). ``seeding`` (:data:`SEEDING`): how specdec's
-    sampled calls are seeded.
+    sampled calls are seeded. ``draft_tokenizer``: the drafters' tokenizer where it is not the verifier's and not
+    beside the drafter's model.
     """
     from specdec.api import SpeculativeModel
 
@@ -294,17 +295,17 @@ def build_runners(
     runners: dict[str, Runner] = {}
     for m in methods:
         if m.draft is not None and m.draft not in drafts:
-            drafts[m.draft] = resolve_draft(m.draft, model, tokenizer)
+            drafts[m.draft] = resolve_draft(m.draft, model, tokenizer, draft_tokenizer)
         if m.baseline is not None:  # its own generate arguments, as its declaration builds them
             draft = drafts.get(m.draft)
             setup = BaselineSetup(model, tokenizer, m.draft, draft.assistant if draft else None,
-                                  prompt_lookup_num_tokens)
+                                  prompt_lookup_num_tokens, draft.draft.draft_tokenizer if draft else None)
             extra = m.baseline.generate_kwargs(setup) if m.baseline.generate_kwargs is not None else None
             runners[m.name] = Runner(m, model, extra)
         else:
             key = (m.draft, m.k if m.adaptive else None, m.tree, m.compiled, m.cache, m.verify)  # adaptive k learns per method
             if key not in specs:
-                drafter = drafts[m.draft].draft if m.cache is None else _cache_drafter(drafts, m, model, tokenizer)
+                drafter = drafts[m.draft].draft if m.cache is None else _cache_drafter(drafts, m, model, tokenizer, draft_tokenizer)
                 if compile_drafter and drafter.compilable and not any(s.drafter is drafter for s in specs.values()):
                     drafter.compile()  # once per drafter: its SpeculativeModels share it
                 specs[key] = SpeculativeModel(model, drafter, num_draft_tokens=m.k, tokenizer=tokenizer,
@@ -314,7 +315,8 @@ def build_runners(
     return runners
 
 
-def _cache_drafter(drafts: dict[Any, ResolvedDraft], m: MethodSpec, model: Any, tokenizer: Any) -> Any:
+def _cache_drafter(drafts: dict[Any, ResolvedDraft], m: MethodSpec, model: Any, tokenizer: Any,
+                   draft_tokenizer: Any = None) -> Any:
     """The drafter of a method with a cross-call cache: one per method, so no two methods share a cache (a warm
     method run after another on the same prompt would find that prompt's output in a shared one); a cold one's never
     learns (it stays empty), a warm one's learns from each call."""
@@ -322,7 +324,7 @@ def _cache_drafter(drafts: dict[Any, ResolvedDraft], m: MethodSpec, model: Any, 
 
     key = ("cross-call cache", m.name)
     if key not in drafts:
-        drafts[key] = resolve_draft(m.draft, model, tokenizer)
+        drafts[key] = resolve_draft(m.draft, model, tokenizer, draft_tokenizer)
         cache = cross_call_cache(drafts[key].draft)
         if cache is not None:
             cache.learning = m.cache == "warm"

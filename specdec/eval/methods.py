@@ -141,7 +141,7 @@ def has_hf_assistant(spec: str) -> bool:
     return parse_draft(spec).declared.hf_assistant
 
 
-def resolve_draft(spec: str, model: Any, tokenizer: Any = None) -> ResolvedDraft:
+def resolve_draft(spec: str, model: Any, tokenizer: Any = None, draft_tokenizer: Any = None) -> ResolvedDraft:
     """Build drafter ``spec`` for verifier ``model`` once, for specdec and HF assisted generation alike.
 
     :func:`specdec.drafters.resolve_drafter` builds it (``self:SCHEME``, a local model, a drafter
@@ -151,7 +151,7 @@ def resolve_draft(spec: str, model: Any, tokenizer: Any = None) -> ResolvedDraft
     """
     from specdec.drafters import resolve_drafter
 
-    drafter = resolve_drafter(spec, model, verifier_tokenizer=tokenizer)
+    drafter = resolve_drafter(spec, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
     return ResolvedDraft(spec, drafter, drafter.model if has_hf_assistant(spec) else None)
 
 

@@ -180,7 +180,7 @@ def _evaluate(model: Any, tokenizer: Any, todo: list, methods: Sequence[MethodSp
     """
     needed = [m for m in methods if any(m in t[1] for t in todo)]
     runners = build_runners(needed, model, tokenizer, config.prompt_lookup_num_tokens, config.compile_drafter,
-                            config.seeding)
+                            config.seeding, config.load_draft_tokenizer())
     gen_kwargs = config.generate_kwargs(tokenizer)
     device = getattr(model, "device", torch.device("cpu"))
     encoded = [encode_batch(tokenizer, [p.text for _, p in batch], config.chat, device) for batch, _ in todo]
