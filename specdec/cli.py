@@ -282,6 +282,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                   "speedup, acceptance and identity against transformers' baselines on a prompt set", command)
     _add_optional(sub, "train-head", "specdec.training.cli", "add_train_head_arguments", "run_train_head",
                   "train an EAGLE-style draft head for a model (self-distillation; resumable)", command)
+    _add_optional(sub, "train-pard", "specdec.training.pard_cli", "add_train_pard_arguments", "run_train_pard",
+                  "fine-tune a small causal LM into a PARD drafter (k tokens a forward; resumable)", command)
     _add_optional(sub, "head-report", "specdec.training.report_cli", "add_head_report_arguments", "run_head_report",
                   "a draft head's teacher-forced top-1, coverage and online acceptance on verifier responses", command)
     _add_optional(sub, "export-head", "specdec.training.export_cli", "add_export_head_arguments", "run_export_head",

@@ -28,6 +28,8 @@ USER_FACING = [
     ("specdec.training.report_cli", "ReportDataError", ValueError),
     ("specdec.drafters.model", "VocabularyMismatchError", ValueError),
     ("specdec.drafters.shared_vocab", "SharedVocabularyError", ValueError),
+    ("specdec.training.pard_cli", "TrainPardError", ValueError),
+    ("specdec.drafters.pard", "PardConfigError", ValueError),
     ("specdec.draft_registry", "DraftSpecError", ValueError),
     ("specdec.draft_registry", "DrafterTypeError", TypeError),
     ("specdec.sizing.check", "PlanError", MemoryError),

@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 
-from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
-from specdec.drafters.scores import processed_scores
+from specdec.drafters.scores import draw, extended, processed_scores
 from specdec.drafters.prompt_lookup import chain_of
 from specdec.drafters.shared_vocab import SAMPLE, SharedVocab
 from specdec.protocol import DraftChain, DraftContext, Rows
@@ -104,12 +103,11 @@ class CrossVocabDrafter(Drafter):
         vocab = ctx.vocab_size or shared.verifier_size
         contexts, tokens, probs = rows.contexts(), [], []
         for i in range(k):
-            p = draft_distribution(processed_scores(shared.verifier_scores(logits, vocab), contexts, ctx))
-            token = torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1)
+            token, p = draw(processed_scores(shared.verifier_scores(logits, vocab), contexts, ctx), ctx)
             tokens.append(token)
             probs.append(p)
-            if ctx.processors:  # processors read the context: extend each row by its draft
-                contexts = [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(contexts, token)]
+            if ctx.processors:
+                contexts = extended(contexts, token)
             if i < k - 1:
                 logits = self._step(shared.to_draft[token].clamp_min(0))  # -1: a processor left no shared token
         tokens_ = torch.stack(tokens, dim=1)

@@ -11,7 +11,7 @@ from transformers import PreTrainedModel
 from specdec.acceptance import draft_distribution
 from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
-from specdec.drafters.scores import processed_scores
+from specdec.drafters.scores import extended, processed_scores
 from specdec.protocol import Commit, DraftContext, DraftChain, Rows
 from specdec.processing import RowContext
 from specdec.trees.build import TreeShape, grow_tree
@@ -200,7 +200,7 @@ class ModelDrafter(Drafter):
                 token = scores.argmax(dim=-1)
             tokens.append(token)
             if ctx.processors:  # processors read the context: extend each row by its draft
-                ids = [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(ids, token)]
+                ids = extended(ids, token)
             # An unsure drafter is likely wrong: stop and let the verifier speak (keep >= 1 draft).
             if self.confidence_threshold and bool((p.max(dim=-1).values < self.confidence_threshold).all()):
                 break

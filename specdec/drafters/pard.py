@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from specdec.acceptance import draft_distribution
 from specdec.drafters.model import ModelDrafter
+from specdec.drafters.scores import draw, extended
 from specdec.errors import SpecdecError
 from specdec.protocol import DraftChain, DraftContext, Rows
 from specdec.trees.build import TreeShape, grow_tree
@@ -85,16 +85,11 @@ class PardDrafter(ModelDrafter):
         logits = self._block(rows, k)
         contexts, tokens, probs = rows.contexts(), [], []
         for i in range(k):
-            scores = self._scores(logits[:, i], contexts, ctx)
-            if ctx.do_sample:
-                p = draft_distribution(scores)
-                token = torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1)
-                probs.append(p)
-            else:
-                token = scores.argmax(dim=-1)
+            token, p = draw(self._scores(logits[:, i], contexts, ctx), ctx)
             tokens.append(token)
-            if ctx.processors:  # processors read the context: extend each row by its draft
-                contexts = [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(contexts, token)]
+            probs += [p] if p is not None else []
+            if ctx.processors:
+                contexts = extended(contexts, token)
         return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:

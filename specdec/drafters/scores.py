@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec.acceptance import draft_distribution
 from specdec.processing import RowContext
 from specdec.protocol import DraftContext
 
@@ -19,3 +20,17 @@ def processed_scores(logits: torch.Tensor, contexts: list[RowContext], ctx: Draf
     elif logits.shape[-1] < vocab:
         logits = torch.nn.functional.pad(logits, (0, vocab - logits.shape[-1]), value=float("-inf"))
     return ctx.processors.apply(contexts, logits)
+
+
+def draw(scores: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One draft per row from processed ``scores [B, V]``: sampled, with the distribution it was drawn from, when the
+    call samples; else the argmax, with None (one-hot ``q``)."""
+    if not ctx.do_sample:
+        return scores.argmax(dim=-1), None
+    p = draft_distribution(scores)
+    return torch.multinomial(p, 1, generator=ctx.generator).squeeze(-1), p
+
+
+def extended(contexts: list[RowContext], token: torch.Tensor) -> list[RowContext]:
+    """Each row's processor context with its new draft ``token [B]`` after it (processors read the context)."""
+    return [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(contexts, token)]
