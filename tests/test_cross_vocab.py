@@ -182,3 +182,37 @@ def test_a_pair_that_shares_too_little_is_refused_in_one_line(pair):
     assert "\n" not in str(err.value)
     greedy = dict(max_new_tokens=4, do_sample=False, eos_token_id=None)
     assert torch.equal(spec.generate(ids, **greedy), model.generate(ids, **greedy))  # greedy goes by text
+
+
+# --------------------------------------------------------------------------------------------
+# the evaluation: hf-uag beside specdec, the drafter's tokenizer found beside it or named
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_eval_runs_hf_uag_beside_specdec_on_the_same_pair(pair, tmp_path, do_sample):
+    from specdec.eval import EvalConfig, run_eval
+
+    import copy
+
+    model, tokenizer, draft, draft_tokenizer = pair
+    draft = copy.deepcopy(draft)
+    draft.resize_token_embeddings(VOCAB + 32)  # transformers tells vocabularies apart by their size alone
+    draft_tokenizer = copy.deepcopy(draft_tokenizer)
+    draft_tokenizer.add_tokens(["§"])  # and prunes the LM head of an assistant with tokens the verifier lacks
+    draft_dir, tokenizer_dir = tmp_path / "draft", tmp_path / "tokenizer"
+    draft.save_pretrained(draft_dir)
+    tokenizer.save_pretrained(draft_dir)  # the wrong one beside it: draft_tokenizer= names the right one
+    draft_tokenizer.save_pretrained(tokenizer_dir)
+    head = draft.get_output_embeddings().weight.clone()
+    config = EvalConfig(out_dir=tmp_path / "out", draft=[str(draft_dir)], num_draft_tokens=3, baselines=["hf-uag"],
+                        max_new_tokens=8, do_sample=do_sample, temperature=0.8 if do_sample else None,
+                        draft_tokenizer=str(tokenizer_dir), progress=False, plots=False)
+    summary = run_eval(model, tokenizer, ["the cat sat on the mat", "a dog ran"], config).to_dict()
+    methods = {m["name"]: m for m in summary["methods"]}
+    assert set(methods) == {"hf", f"hf-uag[{draft_dir}]", f"specdec[{draft_dir},k=3]"}
+    assert not any(m.get("errors") for m in methods.values())
+    if not do_sample:
+        assert methods[f"specdec[{draft_dir},k=3]"]["identical"] == 2
+        assert methods[f"hf-uag[{draft_dir}]"]["identical"] == 2
+    assert torch.equal(draft.get_output_embeddings().weight, head)  # transformers' pruning hit a copy

@@ -19,6 +19,7 @@ at import: what needs torch is imported when a method runs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -66,7 +67,9 @@ def _assistant(setup: BaselineSetup) -> dict[str, Any]:
         raise ValueError(f"drafter {setup.draft!r} is not a causal LM: HF assisted generation cannot use it")
     if setup.assistant_tokenizer is None:
         return {"assistant_model": setup.assistant}
-    return {"assistant_model": setup.assistant, "tokenizer": setup.tokenizer,
+    # a copy of the same weights: under sampling transformers prunes the assistant's LM head in place
+    # (UniversalSpeculativeDecodingGenerator, assistant_prune_lm_head=True), which would break specdec's drafter
+    return {"assistant_model": copy.deepcopy(setup.assistant), "tokenizer": setup.tokenizer,
             "assistant_tokenizer": setup.assistant_tokenizer}
 
 
