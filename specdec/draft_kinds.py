@@ -320,6 +320,35 @@ register_kind(DrafterKind(
 ), builtin=True)
 
 
+# --- dflash: a block drafter reading the verifier's hidden states ---------------------------------------------
+
+
+def _dflash(text: str, arg: str | None) -> dict[str, Any]:
+    if not (arg or "").strip():
+        raise DraftSpecError(f"drafter {text!r} needs the DFlash drafter's directory after ':', e.g. dflash:./dflash")
+    return {"head": arg.strip()}
+
+
+def _build_dflash(spec: DraftSpec, verifier: Any, verifier_tokenizer: Any, draft_tokenizer: Any) -> Any:
+    from specdec.drafters.dflash import DFlashDrafter
+
+    return DFlashDrafter.from_pretrained(spec.head, verifier)
+
+
+def _check_dflash(spec: DraftSpec) -> None:
+    if not os.path.isdir(spec.head):
+        raise DraftSpecError(f"{spec.text}: DFlash drafter directory {spec.head!r} does not exist")
+
+
+register_kind(DrafterKind(
+    "dflash", "dflash:DIR", _build_dflash, parse=_dflash, check=_check_dflash,
+    describe=lambda spec, verifier: {
+        "description": f"{spec.text}: a DFlash block drafter (a block of drafts from one forward, reading the "
+                       "verifier's hidden states, with its embedding and LM head)",
+        "note": "acceptance falls with the position in the block: each mask is drafted without the drafts before it"},
+), builtin=True)
+
+
 # --- a local model directory / .gguf file (every other name) ---------------------------------------------
 
 

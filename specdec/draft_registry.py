@@ -70,7 +70,7 @@ class DraftSpec:
     scheme: str | None = None  # self / composite: the quantization scheme of the copy
     layers: int | None = None  # layer-skip: how many layers
     prefix: str | None = None  # registered: the prefix its builder was registered under
-    head: str | None = None  # eagle: the head's directory (None: the head shipped for the verifier); pard: the model's
+    head: str | None = None  # eagle: its head's directory (None: the one shipped for the verifier); pard, dflash: theirs
     inner: str | None = None  # composite: "eagle" when a head drafts where the lookup finds nothing
     arg: str | None = None  # what follows the first ':' (None: no ':')
 

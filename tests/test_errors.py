@@ -29,6 +29,7 @@ USER_FACING = [
     ("specdec.drafters.model", "VocabularyMismatchError", ValueError),
     ("specdec.drafters.shared_vocab", "SharedVocabularyError", ValueError),
     ("specdec.training.pard_cli", "TrainPardError", ValueError),
+    ("specdec.heads.dflash", "DFlashLoadError", ValueError),
     ("specdec.drafters.pard", "PardConfigError", ValueError),
     ("specdec.draft_registry", "DraftSpecError", ValueError),
     ("specdec.draft_registry", "DrafterTypeError", TypeError),

@@ -69,8 +69,8 @@ class Baseline:
             place of its warm-up (``hf-compiled`` compiles here): ``batches`` are the ``(input_ids, attention_mask)``
             it will run on; it may set ``runner.extra``; it returns the fields added to each of its records. Graphs
             ``torch.compile`` builds inside the method's timed calls are then counted (``compiled_graphs``).
-        needs_draft: runs once per drafter of the run that is a causal LM (transformers' ``assistant_model``);
-            drafters that are not one are skipped with a warning.
+        needs_draft: runs once per drafter of the run that is a causal LM (transformers' ``assistant_model``), or that
+            ``takes_draft`` accepts; the others are skipped with a warning.
         drafts: it drafts and verifies: acceptance figures from transformers' candidate generator (first row), a
             JSON-schema logits processor wrapped for out-of-order scoring. False: a plain method, compared with
             ``hf`` token for token, without acceptance figures.
@@ -97,6 +97,7 @@ class Baseline:
     generate_kwargs: Callable[[BaselineSetup], Mapping[str, Any]] | None = None
     prepare: Prepare | None = None
     needs_draft: bool = False
+    takes_draft: Callable[[str], bool] | None = None  # which drafters a needs_draft baseline runs with (None: causal LMs)
     drafts: bool = False
     batchable: bool = True
     label: str | None = None

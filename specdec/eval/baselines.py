@@ -8,6 +8,8 @@
   (its adaptive draft length);
 - ``hf-uag[D]``: the same with ``tokenizer=`` and ``assistant_tokenizer=``, for a drafter whose vocabulary differs
   (transformers' universal assisted generation; batch 1);
+- ``hf-dflash[dflash:DIR]``: ``model.generate(assistant_model=<DIR>, speculation_type="dflash")``, transformers'
+  DFlash generator (batch 1), for drafters in transformers' layout (it loads no other);
 - ``hf-prompt-lookup``: ``model.generate(prompt_lookup_num_tokens=N)``;
 - ``hf-mtp``: ``model.generate(use_mtp=True)``, transformers drafting with the model's own MTP layers (batch 1;
   models with MTP weights only: specdec's counterpart is ``specdec[mtp]``).
@@ -46,6 +48,7 @@ HF, HF_COMPILED, HF_ASSISTED, HF_PROMPT_LOOKUP = "hf", "hf-compiled", "hf-assist
 HF_ASSISTED_HEURISTIC = "hf-assisted-heuristic"
 HF_MTP = "hf-mtp"
 HF_UAG = "hf-uag"
+HF_DFLASH = "hf-dflash"
 #: the assistant generation settings of ``hf-assisted-heuristic``: transformers' own heuristic schedule
 #: (k + 2 after a fully accepted draft, k - 1 otherwise) from its former default start of 5 tokens
 HEURISTIC_ASSISTANT = {"num_assistant_tokens_schedule": "heuristic", "num_assistant_tokens": 5}
@@ -71,6 +74,26 @@ def _assistant(setup: BaselineSetup) -> dict[str, Any]:
     # (UniversalSpeculativeDecodingGenerator, assistant_prune_lm_head=True), which would break specdec's drafter
     return {"assistant_model": copy.deepcopy(setup.assistant), "tokenizer": setup.tokenizer,
             "assistant_tokenizer": setup.assistant_tokenizer}
+
+
+def _transformers_dflash(draft: str) -> bool:
+    """Whether ``draft`` is ``dflash:DIR`` with a drafter in transformers' own layout (the only one it loads)."""
+    import json
+    from pathlib import Path
+
+    kind, _, directory = draft.partition(":")
+    config = Path(directory) / "config.json"
+    return kind == "dflash" and config.is_file() and \
+        json.loads(config.read_text()).get("model_type") == "muse_glimmer_assistant"
+
+
+def _dflash_assistant(setup: BaselineSetup) -> dict[str, Any]:
+    """``hf-dflash``: the drafter's directory loaded by transformers as the assistant of ``speculation_type="dflash"``."""
+    from transformers import AutoModel
+
+    p = next(setup.model.parameters())
+    assistant = AutoModel.from_pretrained(setup.draft.partition(":")[2], dtype=p.dtype).to(p.device).eval()
+    return {"assistant_model": assistant, "speculation_type": "dflash"}
 
 
 def _universal_assistant(setup: BaselineSetup) -> dict[str, Any]:
@@ -241,6 +264,10 @@ register_baseline(Baseline(
 register_baseline(Baseline(  # transformers takes one row with assistant_tokenizer=
     HF_UAG, model_generate, generate_kwargs=_universal_assistant, needs_draft=True, drafts=True, batchable=False,
     label="uag",
+), builtin=True)
+register_baseline(Baseline(  # transformers' DFlashTokenCandidateGenerator takes one row
+    HF_DFLASH, model_generate, generate_kwargs=_dflash_assistant, needs_draft=True, drafts=True, batchable=False,
+    takes_draft=_transformers_dflash, label="hf-dflash",
 ), builtin=True)
 register_baseline(Baseline(
     HF_PROMPT_LOOKUP, model_generate,

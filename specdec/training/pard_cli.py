@@ -38,6 +38,8 @@ def add_train_pard_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accumulate", type=int, default=4, help="sequences per optimizer step")
     p.add_argument("--lr", type=float, default=3e-5, help="peak learning rate (PARD: 3e-5), cosine after 3%% warm-up")
     p.add_argument("--save-every", type=int, default=50, help="steps between resumable checkpoints")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this much training time (a checkpoint and the model are written; rerun to go on)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -139,8 +141,12 @@ def run_train_pard(args: argparse.Namespace) -> int:
         state["step"], state["seconds"] = step + 1, time.perf_counter() - start
         state["losses"].append(round(total, 4))
         print(f"step {step + 1}/{args.steps} loss {total:.4f} ({state['seconds']:.0f} s)", flush=True)
-        if state["step"] % args.save_every == 0 or state["step"] == args.steps:
+        out_of_time = args.max_minutes is not None and state["seconds"] >= 60 * args.max_minutes
+        if state["step"] % args.save_every == 0 or state["step"] == args.steps or out_of_time:
             _save(model, tokenizer, checkpoint, state, optimizer, scheduler)
+        if out_of_time:
+            print(f"--max-minutes {args.max_minutes} reached at step {state['step']}", flush=True)
+            break
     model.eval()
     final = out / "model"
     _save(model, tokenizer, final, state)
