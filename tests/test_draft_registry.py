@@ -23,7 +23,8 @@ from tiny_models import make_model
 
 #: what ``--draft`` help said before the registry; the built-in kinds still read exactly so
 BUILTIN_FORMS = ("self:SCHEME (e.g. self:int8), prompt-lookup, suffix[:TOKENS], composite[:SCHEME], composite:eagle[:DIR], "
-                 "composite:suffix[:SCHEME], layer-skip:N, eagle[:DIR], mtp, auto, or a local model directory / .gguf file")
+                 "composite:suffix[:SCHEME], layer-skip:N, eagle[:DIR], mtp, auto, pard:DIR[,quant=SCHEME], dflash:DIR, "
+                 "or a local model directory / .gguf file")
 
 
 @pytest.fixture(autouse=True)

@@ -189,8 +189,9 @@ def plan_methods(
             if (baseline.takes_draft or has_hf_assistant)(d):
                 methods.append(MethodSpec(baseline.name, d))
             else:
-                warnings.warn(f"{baseline.name} cannot run with drafter {d!r}" + (
-                    "" if baseline.takes_draft else " (it needs a causal LM as assistant)") + ", skipped", stacklevel=2)
+                why = f"cannot run with drafter {d!r}" if baseline.takes_draft else \
+                    f"needs a causal LM as assistant; drafter {d!r} is not one"
+                warnings.warn(f"{baseline.name} {why}, skipped", stacklevel=2)
     trees = [None if t in (None, "none") else t for t in trees]
     compiled = list(compiled)
     rules = list(verify)  # chains run under each rule; trees are verified node by node ("token")
