@@ -69,9 +69,9 @@ class SharedVocab:
         mine, theirs = token_texts(draft_tokenizer), token_texts(verifier_tokenizer)
         pairs = sorted((theirs[t], d) for t, d in mine.items() if t in theirs)
         size = max(verifier_tokenizer.get_vocab().values()) + 1
-        to_draft = torch.full((size,), -1, dtype=torch.long)
-        v_ids = torch.tensor([v for v, _ in pairs], dtype=torch.long)
-        d_ids = torch.tensor([d for _, d in pairs], dtype=torch.long)
+        to_draft = torch.full((size,), -1, dtype=torch.long, device="cpu")  # .to(device) moves it
+        v_ids = torch.tensor([v for v, _ in pairs], dtype=torch.long, device="cpu")
+        d_ids = torch.tensor([d for _, d in pairs], dtype=torch.long, device="cpu")
         to_draft[v_ids] = d_ids
         tokens = verifier_tokenizer(sample, add_special_tokens=False).input_ids
         coverage = sum(int(to_draft[t]) >= 0 for t in tokens) / max(len(tokens), 1)

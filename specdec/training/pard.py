@@ -39,12 +39,13 @@ def pard_example(ids: list[int], copies: int, masks: list[int], keep: float = 0.
         count = min(len(reachable), int(length * max(keep ** j, floor)))
         if count == 0:
             break
-        order = torch.randperm(len(reachable), generator=generator)[:count].sort().values.tolist()
+        order = torch.randperm(len(reachable), generator=generator, device="cpu")[:count].sort().values.tolist()
         chosen.append([reachable[i] for i in order])
-    copy = torch.tensor([j for j, ts in enumerate(chosen) for _ in ts], dtype=torch.long)
-    pos = torch.tensor([t for ts in chosen for t in ts], dtype=torch.long)
-    seq = torch.tensor(ids, dtype=torch.long)
-    mask_of = torch.tensor([0] + [masks[min(j - 1, len(masks) - 1)] for j in range(1, copies)], dtype=torch.long)
+    copy = torch.tensor([j for j, ts in enumerate(chosen) for _ in ts], dtype=torch.long, device="cpu")  # a layout
+    pos = torch.tensor([t for ts in chosen for t in ts], dtype=torch.long, device="cpu")
+    seq = torch.tensor(ids, dtype=torch.long, device="cpu")
+    mask_of = torch.tensor([0] + [masks[min(j - 1, len(masks) - 1)] for j in range(1, copies)], dtype=torch.long,
+                           device="cpu")
     input_ids = torch.where(copy == 0, seq[pos], mask_of[copy])
     labels = torch.where(pos + 1 < length, seq[(pos + 1).clamp(max=length - 1)], -100)
     jq, tq, jk, tk = copy[:, None], pos[:, None], copy[None, :], pos[None, :]

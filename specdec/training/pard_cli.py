@@ -2,8 +2,8 @@
 
 Data: JSON Lines rows with ``prompt_ids`` and ``response_ids`` (``specdec train-head``'s ``samples.jsonl``: the
 verifier's own responses), ``input_ids``, or ``text``. The model is written to ``OUT/model`` with ``pard_token`` in
-its config, ready for ``draft="pard:OUT/model"``, with a model card (``README.md``) and ``train_state.json``. A checkpoint every
-``--save-every`` steps (``OUT/checkpoint``) lets a killed run resume where it stopped.
+its config, ready for ``draft="pard:OUT/model"``, with a model card (``README.md``) and ``train_state.json``. A
+checkpoint every ``--save-every`` steps (``OUT/checkpoint``) lets a killed run resume where it stopped.
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def run_train_pard(args: argparse.Namespace) -> int:
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         print(f"resuming at step {state['step']}", flush=True)
-    order = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    order = torch.randperm(len(sequences), generator=torch.Generator(device="cpu").manual_seed(args.seed),
+                           device="cpu").tolist()
     start = time.perf_counter() - state["seconds"]
     while state["step"] < args.steps:
         step = state["step"]
@@ -131,7 +132,8 @@ def run_train_pard(args: argparse.Namespace) -> int:
         for i in range(args.accumulate):
             n = step * args.accumulate + i
             ids = sequences[order[n % len(sequences)]]
-            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + n)  # the same drops on a resumed run
+            # the same drops on a resumed run
+            gen = torch.Generator(device="cpu").manual_seed(args.seed * 1_000_003 + n)
             loss = pard_loss(model, pard_example(ids, args.copies, [mask], args.keep, args.floor, gen))
             (loss / args.accumulate).backward()
             total += float(loss.detach()) / args.accumulate
