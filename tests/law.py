@@ -52,3 +52,17 @@ def tally(rows: list[list[int]]) -> dict:
     for row in rows:
         counts[tuple(row)] = counts.get(tuple(row), 0) + 1
     return counts
+
+
+def flat_q(propose):
+    """``propose`` whose sampled chains report a flat ``q`` over the same support, not the distribution their drafts
+    were drawn from: the negative control of a drafter's law test (monkeypatch it over the drafter's ``propose``)."""
+
+    def flattened(self, rows, k, ctx):
+        chain = propose(self, rows, k, ctx)
+        if chain.probs is not None:
+            q = (chain.probs > 0).float()
+            chain.probs = q / q.sum(dim=-1, keepdim=True)
+        return chain
+
+    return flattened

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 import transformers as tf
-from law import ALPHA, chi2, exact_joint, tally
+from law import ALPHA, chi2, exact_joint, flat_q, tally
 from safetensors.torch import save_file
 from tiny_models import left_padded, make_model
 
@@ -158,16 +158,7 @@ def test_sampled_blocks_keep_the_verifier_law(tiny_vocab_dflash):
 
 def test_blocks_judged_by_a_q_they_were_not_drawn_from_fail_the_same_law_test(tiny_vocab_dflash, monkeypatch):
     """The negative control: drafts judged by a flat ``q`` over the same support."""
-    propose = DFlashDrafter.propose
-
-    def flattened(self, rows, k, ctx):
-        chain = propose(self, rows, k, ctx)
-        if chain.probs is not None:
-            q = (chain.probs > 0).float()
-            chain.probs = q / q.sum(dim=-1, keepdim=True)
-        return chain
-
-    monkeypatch.setattr(DFlashDrafter, "propose", flattened)
+    monkeypatch.setattr(DFlashDrafter, "propose", flat_q(DFlashDrafter.propose))
     assert _sampled_law(tiny_vocab_dflash) < ALPHA
 
 

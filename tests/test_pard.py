@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from law import ALPHA, chi2, exact_joint, tally
+from law import ALPHA, chi2, exact_joint, flat_q, tally
 from tiny_models import char_tokenizer, left_padded, make_model
 
 import specdec
@@ -127,14 +127,5 @@ def test_sampled_drafts_keep_the_verifier_law():
 def test_drafts_judged_by_a_q_they_were_not_drawn_from_fail_the_same_law_test(monkeypatch):
     """The negative control: drafts judged by a flat ``q`` over the same support, not the distribution they were
     drawn from."""
-    propose = PardDrafter.propose
-
-    def flattened(self, rows, k, ctx):
-        chain = propose(self, rows, k, ctx)
-        if chain.probs is not None:
-            q = (chain.probs > 0).float()
-            chain.probs = q / q.sum(dim=-1, keepdim=True)
-        return chain
-
-    monkeypatch.setattr(PardDrafter, "propose", flattened)
+    monkeypatch.setattr(PardDrafter, "propose", flat_q(PardDrafter.propose))
     assert _sampled_law(_tiny_pard()) < ALPHA

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from specdec.drafters.base import Drafter
-from specdec.drafters.scores import draw, extended, processed_scores
+from specdec.drafters.scores import chain_of_positions, processed_scores
 from specdec.heads.dflash import DFlashModel, load_dflash
 from specdec.heads.modules import HeadCache
 from specdec.protocol import Commit, DraftChain, DraftContext, Rows, left_pads
@@ -88,15 +88,7 @@ class DFlashDrafter(Drafter):
         if k <= 0:
             return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
         with torch.no_grad():
-            logits = self._block(rows, k)
-        contexts, tokens, probs = rows.contexts(), [], []
-        for i in range(k):
-            token, p = draw(processed_scores(logits[:, i], contexts, ctx), ctx)
-            tokens.append(token)
-            probs += [p] if p is not None else []
-            if ctx.processors:
-                contexts = extended(contexts, token)
-        return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+            return chain_of_positions(self._block(rows, k), rows, ctx)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
         n = max(1, min(shape.depth, self.block_size - 1))

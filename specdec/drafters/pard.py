@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.scores import draw, extended
+from specdec.drafters.scores import chain_of_positions
 from specdec.errors import SpecdecError
 from specdec.protocol import DraftChain, DraftContext, Rows
 from specdec.trees.build import TreeShape, grow_tree
@@ -82,15 +82,7 @@ class PardDrafter(ModelDrafter):
     def propose(self, rows: Rows, k: int, ctx: DraftContext) -> DraftChain:
         if k <= 0:
             return DraftChain(torch.zeros(len(rows), 0, dtype=torch.long, device=rows.device), None)
-        logits = self._block(rows, k)
-        contexts, tokens, probs = rows.contexts(), [], []
-        for i in range(k):
-            token, p = draw(self._scores(logits[:, i], contexts, ctx), ctx)
-            tokens.append(token)
-            probs += [p] if p is not None else []
-            if ctx.processors:
-                contexts = extended(contexts, token)
-        return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+        return chain_of_positions(self._block(rows, k), rows, ctx)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
         n = max(shape.depth, 1)

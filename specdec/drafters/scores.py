@@ -6,7 +6,7 @@ import torch
 
 from specdec.acceptance import draft_distribution
 from specdec.processing import RowContext
-from specdec.protocol import DraftContext
+from specdec.protocol import DraftChain, DraftContext, Rows
 
 
 def processed_scores(logits: torch.Tensor, contexts: list[RowContext], ctx: DraftContext) -> torch.Tensor:
@@ -34,3 +34,16 @@ def draw(scores: torch.Tensor, ctx: DraftContext) -> tuple[torch.Tensor, torch.T
 def extended(contexts: list[RowContext], token: torch.Tensor) -> list[RowContext]:
     """Each row's processor context with its new draft ``token [B]`` after it (processors read the context)."""
     return [(owner, torch.cat([row, t.view(1)])) for (owner, row), t in zip(contexts, token)]
+
+
+def chain_of_positions(logits: torch.Tensor, rows: Rows, ctx: DraftContext) -> DraftChain:
+    """A chain from per-position draft logits ``[B, k, V']`` that do not depend on the drafts before them (block
+    drafters): each position processed with the row's context extended by the drafts before it, then drawn."""
+    contexts, tokens, probs = rows.contexts(), [], []
+    for i in range(logits.shape[1]):
+        token, p = draw(processed_scores(logits[:, i], contexts, ctx), ctx)
+        tokens.append(token)
+        probs += [p] if p is not None else []
+        if ctx.processors:
+            contexts = extended(contexts, token)
+    return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
