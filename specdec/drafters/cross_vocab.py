@@ -48,11 +48,10 @@ class CrossVocabDrafter(Drafter):
         self.sample = sample
         self._model, self.dtok, self.vtok, self.lookbehind = model.eval(), draft_tokenizer, verifier_tokenizer, lookbehind
         self.runner = CausalLMRunner(model, role="drafter")
-        self._shared: dict[str, SharedVocab] = {}  # built at the first sampled call, shared by every call's copy
+        self._shared: dict[str, SharedVocab] = {}  # per device, built at the first sampled call, shared by every copy
         self._session: CacheSession | None = None
         self._fed: list[list[int]] = []  # per row: the draft tokens its cache holds, in order
         self._budget = 0
-        self._sampled = False
         self.forwards = 0
 
     @property
@@ -63,14 +62,17 @@ class CrossVocabDrafter(Drafter):
     def draft_tokenizer(self) -> Any:
         return self.dtok
 
-    def shared_vocab(self) -> SharedVocab:
-        """The tokens the two vocabularies share (built once; :meth:`SharedVocab.check` not applied)."""
+    def shared_vocab(self, device: torch.device | str = "cpu") -> SharedVocab:
+        """The tokens the two vocabularies share, on ``device`` (built once; :meth:`SharedVocab.check` not applied)."""
         if "cpu" not in self._shared:
             self._shared["cpu"] = SharedVocab.of(self.dtok, self.vtok, self.sample)
-        return self._shared["cpu"]
+        key = str(device)
+        if key not in self._shared:
+            self._shared[key] = self._shared["cpu"].to(device)
+        return self._shared[key]
 
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, **_: Any) -> None:
-        self._session, self._fed, self.forwards, self._sampled = None, [[] for _ in range(input_ids.shape[0])], 0, False
+        self._session, self._fed, self.forwards = None, [[] for _ in range(input_ids.shape[0])], 0
         self._budget = 2 * (max_len - input_ids.shape[1]) + _ROOM  # draft tokens past the prompt's, roughly
 
     @torch.no_grad()
@@ -95,11 +97,8 @@ class CrossVocabDrafter(Drafter):
 
     def _sample(self, rows: Rows, ids: list[list[int]], logits: torch.Tensor, k: int, ctx: DraftContext) -> DraftChain:
         """TLI: ``k`` verifier tokens per row, each sampled from the drafter's distribution over the shared tokens."""
-        if not self._sampled:
-            self.shared_vocab().check()
-            self._sampled = True
-        device = logits.device
-        shared = self._shared.get(str(device)) or self._shared.setdefault(str(device), self.shared_vocab().to(device))
+        shared = self.shared_vocab(logits.device)
+        shared.check()
         vocab = ctx.vocab_size or shared.verifier_size
         contexts, tokens, probs = rows.contexts(), [], []
         for i in range(k):
@@ -144,18 +143,14 @@ class CrossVocabDrafter(Drafter):
                 session = None
         if session is None:
             return self._prefill(ids, device)
-        block = upload([[0] * (width - len(p)) + p for p in pending], torch.long, device)  # right-aligned: every
-        real = upload([[False] * (width - len(p)) + [True] * len(p) for p in pending], torch.bool, device)  # forward
-        return session.forward(block, real, **self._extra()).logits[:, -1]  # ends with a real column
+        return session.forward(*_right_aligned(pending, device), **self._extra()).logits[:, -1]
 
     def _prefill(self, ids: list[list[int]], device: torch.device) -> torch.Tensor:
         """A new cache holding ``ids`` (left padded): the first pass, or one whose rows outgrew the last."""
         if self._session is not None:
             self._session.release()
-        width = max(map(len, ids))
-        block = upload([[0] * (width - len(r)) + r for r in ids], torch.long, device)
-        real = upload([[False] * (width - len(r)) + [True] * len(r) for r in ids], torch.bool, device)
-        self._session, out = self.runner.prefill(block, real, width + self._budget)
+        block, real = _right_aligned(ids, device)
+        self._session, out = self.runner.prefill(block, real, block.shape[1] + self._budget)
         return out.logits
 
     def _step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -191,3 +186,11 @@ class CrossVocabDrafter(Drafter):
 
     def stats(self) -> dict[str, float]:
         return {"draft_forwards": float(self.forwards)}
+
+
+def _right_aligned(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` of any lengths as ``(tokens, real)`` ``[B, longest]``, filler first: every forward ends with a real
+    column (a prefill's left padding, a catch-up's ragged feed)."""
+    width = max(map(len, rows))
+    tokens = upload([[0] * (width - len(r)) + r for r in rows], torch.long, device)
+    return tokens, upload([[False] * (width - len(r)) + [True] * len(r) for r in rows], torch.bool, device)

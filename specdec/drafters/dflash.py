@@ -16,12 +16,12 @@ from typing import Any
 import torch
 
 from specdec.drafters.base import Drafter
-from specdec.drafters.scores import chain_of_positions, processed_scores
+from specdec.drafters.scores import chain_of_positions, tree_of_positions
 from specdec.heads.dflash import DFlashModel, load_dflash
 from specdec.heads.modules import HeadCache
 from specdec.protocol import Commit, DraftChain, DraftContext, Rows, left_pads
 from specdec.transfer import upload
-from specdec.trees.build import TreeShape, grow_tree
+from specdec.trees.build import TreeShape
 from specdec.trees.tree import DraftTree
 
 
@@ -35,7 +35,6 @@ class DFlashDrafter(Drafter):
         self.hidden_layers = tuple(i + 1 for i in dflash.settings.target_layer_ids)
         self._embedding = verifier.get_input_embeddings().weight  # the raw table: no embedding scale of the verifier's
         self._head = verifier.get_output_embeddings()
-        self._verifier_bytes = sum(p.numel() * p.element_size() for p in verifier.parameters())
         self._cache: HeadCache | None = None
         self._pending: list[torch.Tensor] = []  # per row: features not fed to the drafter's cache yet
 
@@ -53,9 +52,10 @@ class DFlashDrafter(Drafter):
 
     def cost_ratio(self, verifier: torch.nn.Module) -> float:
         """The drafter's layers and the verifier's LM head, over the verifier's bytes: one forward for the block."""
-        own = sum(p.numel() * p.element_size() for p in self.dflash.parameters())
-        head = self._head.weight.numel() * self._head.weight.element_size()
-        return min(1.0, max(0.02, (own + head) / max(self._verifier_bytes, 1)))
+        from specdec.quant.memory import model_bytes
+
+        own = model_bytes(self.dflash) + model_bytes(self._head)
+        return min(1.0, max(0.02, own / max(model_bytes(verifier), 1)))
 
     def start(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, max_len: int, *,
               verifier: Any = None, hidden: torch.Tensor | None = None) -> None:
@@ -91,16 +91,9 @@ class DFlashDrafter(Drafter):
             return chain_of_positions(self._block(rows, k), rows, ctx)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
-        n = max(1, min(shape.depth, self.block_size - 1))
         with torch.no_grad():
-            logits = self._block(rows, n)
-        batch = torch.arange(len(rows), device=logits.device).unsqueeze(1)
-
-        def expand(tokens, depth, parent_pos, visible):  # children at depth d + 1: position d's logits, no forward
-            return logits[batch, depth.clamp(max=n - 1)]
-
-        return grow_tree(logits[:, 0], expand, shape, rows, ctx,
-                         lambda lg, contexts: processed_scores(lg, contexts, ctx)).tree
+            logits = self._block(rows, max(1, min(shape.depth, self.block_size - 1)))
+        return tree_of_positions(logits, shape, rows, ctx)
 
     def commit(self, update: Commit) -> None:
         if update.hidden is None:

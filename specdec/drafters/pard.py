@@ -18,10 +18,11 @@ from typing import Any
 import torch
 
 from specdec.drafters.model import ModelDrafter
-from specdec.drafters.scores import chain_of_positions
+from specdec.drafters.scores import chain_of_positions, tree_of_positions
 from specdec.errors import SpecdecError
 from specdec.protocol import DraftChain, DraftContext, Rows
-from specdec.trees.build import TreeShape, grow_tree
+from specdec.trees.build import TreeShape
+from specdec.transfer import upload
 from specdec.trees.tree import DraftTree
 
 
@@ -63,7 +64,7 @@ class PardDrafter(ModelDrafter):
         of the last ``n`` positions (the next ``n`` tokens). The masks leave the cache again."""
         pending = [rows[b][fed:] for b, fed in enumerate(self._fed)]
         width = max(len(p) for p in pending)
-        masks = torch.tensor(self._mask_ids(n - 1), dtype=torch.long, device=rows.device)
+        masks = upload(self._mask_ids(n - 1), torch.long, rows.device)
         block = torch.zeros(len(rows), width + n - 1, dtype=torch.long, device=rows.device)
         real = torch.zeros(len(rows), width + n - 1, dtype=torch.bool, device=rows.device)
         for b, p in enumerate(pending):  # right-aligned before the masks: every row's masks share the last columns
@@ -85,15 +86,7 @@ class PardDrafter(ModelDrafter):
         return chain_of_positions(self._block(rows, k), rows, ctx)
 
     def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
-        n = max(shape.depth, 1)
-        logits = self._block(rows, n)
-        batch = torch.arange(len(rows), device=logits.device).unsqueeze(1)
-
-        def expand(tokens, depth, parent_pos, visible):  # children at depth d + 1: position d's logits, no forward
-            return logits[batch, depth.clamp(max=n - 1)]
-
-        grown = grow_tree(logits[:, 0], expand, shape, rows, ctx, lambda lg, contexts: self._scores(lg, contexts, ctx))
-        return grown.tree
+        return tree_of_positions(self._block(rows, max(shape.depth, 1)), shape, rows, ctx)
 
     def stats(self) -> dict[str, float]:
         return {}

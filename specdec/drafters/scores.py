@@ -7,6 +7,8 @@ import torch
 from specdec.acceptance import draft_distribution
 from specdec.processing import RowContext
 from specdec.protocol import DraftChain, DraftContext, Rows
+from specdec.trees.build import TreeShape, grow_tree
+from specdec.trees.tree import DraftTree
 
 
 def processed_scores(logits: torch.Tensor, contexts: list[RowContext], ctx: DraftContext) -> torch.Tensor:
@@ -47,3 +49,14 @@ def chain_of_positions(logits: torch.Tensor, rows: Rows, ctx: DraftContext) -> D
         if ctx.processors:
             contexts = extended(contexts, token)
     return DraftChain(torch.stack(tokens, dim=1), torch.stack(probs, dim=1) if probs else None)
+
+
+def tree_of_positions(logits: torch.Tensor, shape: TreeShape, rows: Rows, ctx: DraftContext) -> DraftTree:
+    """A tree from per-position draft logits ``[B, n, V']`` (block drafters): every node at depth ``d`` takes its
+    children from position ``d``'s top-ranked tokens, whatever its parent, with no further forward."""
+    n, batch = logits.shape[1], torch.arange(len(rows), device=logits.device).unsqueeze(1)
+
+    def expand(tokens, depth, parent_pos, visible):  # children at depth d + 1: position d's logits
+        return logits[batch, depth.clamp(max=n - 1)]
+
+    return grow_tree(logits[:, 0], expand, shape, rows, ctx, lambda lg, contexts: processed_scores(lg, contexts, ctx)).tree

@@ -69,15 +69,16 @@ def _save(model: Any, tokenizer: Any, directory: Path, state: dict[str, Any], op
     """Write the model (and the trainer's state) to ``directory`` through a temporary one: never half a checkpoint."""
     import torch
 
-    tmp = directory.with_name(directory.name + ".tmp")
+    from specdec.training.checkpoints import replace_directory
+
+    tmp = directory.with_name(f".tmp-{directory.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / "train_state.json").write_text(json.dumps(state, indent=1))
     if optimizer is not None:
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
-    shutil.rmtree(directory, ignore_errors=True)
-    tmp.rename(directory)
+    replace_directory(tmp, directory)
 
 
 def _card(state: dict[str, Any], args: argparse.Namespace) -> str:
