@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import specdec
+from specdec.runners import recurrent_layout
 from tiny_models import VOCAB, make_model, perturbed_copy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -291,6 +292,8 @@ def test_a_retiring_ragged_batch_syncs_once_every_pass_on_cuda(draft):
 
 
 
+@pytest.mark.skipif(not recurrent_layout.HYBRIDS_SUPPORTED,
+                    reason=f"hybrids need transformers >= {recurrent_layout.HYBRID_TRANSFORMERS}")
 @pytest.mark.parametrize("dtype", [torch.float32], ids=str)  # fp32: identity, not ties (the subset's time box)
 @pytest.mark.parametrize("arch", ["qwen3_next", "nemotron_h", "mamba"])
 def test_hybrid_captured_verifier_greedy_identity_on_cuda(dtype, arch):

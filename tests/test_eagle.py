@@ -152,6 +152,18 @@ def _random_head(model, kind: str, seed: int = 0, draft_vocab: int | None = 48) 
     return head.eval()
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+def test_a_head_built_in_fp32_drafts_for_a_bf16_verifier(kind):
+    """A head built by hand keeps torch's fp32 default; over a bf16 verifier the drafter casts it as load_head does
+    (the H200 check found the fc fed bf16 features with fp32 weights)."""
+    model = make_model("llama").to(torch.bfloat16)
+    head = _random_head(model, kind)
+    assert head.fc.weight.dtype == torch.float32
+    drafter = EagleDrafter(head, model)
+    assert all(p.dtype == torch.bfloat16 for p in drafter.head.parameters() if p.is_floating_point())
+    _assert_identical(model, drafter, batch=1, new=12)
+
+
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
 @pytest.mark.parametrize("kind", ["eagle3", "eagle"])
 @pytest.mark.parametrize("batch", [1, 3])

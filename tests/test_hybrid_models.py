@@ -358,6 +358,20 @@ def test_a_model_whose_mamba1_scan_cannot_be_routed_is_refused(monkeypatch):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba"])
+def test_a_transformers_without_per_layer_cache_classes_refuses_hybrids_naming_the_version(arch, monkeypatch):
+    """transformers 5.17-5.22 (the GPU machine had 5.17) declare no DummyLayer nor per-layer kwargs: hybrids are
+    refused in one line that names the release they need, not with a layer-type riddle."""
+    from specdec.runners import recurrent_layout
+
+    model = _model(arch)
+    for name, value in (("HYBRIDS_SUPPORTED", False), ("get_layer_types_and_kwargs", None),
+                        ("DYNAMIC_LAYER_TYPE_MAPPING", {})):
+        monkeypatch.setattr(recurrent_layout, name, value)
+    with pytest.raises(UnsupportedModelError, match=r"transformers >= 5\.23 \(installed: ") as err:
+        specdec.SpeculativeModel(model, "prompt-lookup")
+    assert "\n" not in str(err.value)
+
 # ---- memory: the planner counts the state ------------------------------------------------------------------------
 
 

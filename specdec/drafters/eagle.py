@@ -45,6 +45,9 @@ class EagleDrafter(Drafter):
     supports_tree = True
 
     def __init__(self, head: EagleHead, verifier: Any) -> None:
+        dtype = verifier.get_input_embeddings().weight.dtype
+        if dtype.is_floating_point and any(p.is_floating_point() and p.dtype != dtype for p in head.parameters()):
+            head.to(dtype=dtype)  # a head built by hand (fp32) over a bf16 verifier: cast as load_head does
         self.head = head
         _, layers, _ = verifier_shape(verifier)
         self.hidden_layers = (layers,) if head.config.kind == "eagle" else tuple(head.config.aux_layers)

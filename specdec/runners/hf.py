@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 import torch
 from transformers import PreTrainedModel
+from transformers import __version__ as transformers_version
 
 from specdec.errors import SpecdecError
 from specdec.slots import STATIC_LENGTH_STEP, primed_widths, static_slots
@@ -87,6 +88,11 @@ def check_supported(model: torch.nn.Module, role: str = "verifier") -> None:
     layer_types = getattr(config, "layer_types", None) or []
     odd = sorted({t for i, t in enumerate(layer_types) if t not in _KV_LAYER_TYPES and i not in held
                   and (i >= len(kinds) or kinds[i] != "dummy")})
+    if odd and not recurrent.HYBRIDS_SUPPORTED:
+        raise UnsupportedModelError(
+            f"the {role} ({config.model_type}) has layers of type {odd}: specdec runs hybrid and recurrent models with "
+            f"transformers >= {recurrent.HYBRID_TRANSFORMERS} (installed: {transformers_version})"
+        )
     if odd:
         raise UnsupportedModelError(
             f"the {role} ({config.model_type}) has layers of type {odd} whose state is neither a key/value history nor "

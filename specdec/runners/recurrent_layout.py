@@ -24,6 +24,11 @@ try:  # transformers >= 5.2x declares each layer type's cache class; older ones 
 except ImportError:
     DYNAMIC_LAYER_TYPE_MAPPING, DummyLayer, get_layer_types_and_kwargs = {}, None, None
 
+#: the first transformers release whose cache declares every layer's class per layer (``DummyLayer``, per-layer kwargs)
+HYBRID_TRANSFORMERS = "5.23"
+#: whether the installed transformers can run hybrid and recurrent models here
+HYBRIDS_SUPPORTED = DummyLayer is not None
+
 _HOOKED = "_specdec_recurrent_hooks"  # set on a model whose mixers carry our pre-hook (copies of it inherit both)
 
 
