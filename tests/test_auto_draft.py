@@ -115,8 +115,32 @@ def test_auto_takes_the_fastest_and_adds_the_composite_of_the_best_scheme(tiny):
     assert calls == ["prompt-lookup", "prompt-lookup", "self:int8", "self:bf16", "composite:int8",
                      "prompt-lookup", "self:int8", "composite:int8"]
     ranking = [c.draft for c in drafter.decision.ranking()]
-    assert ranking == ["composite:int8", "self:int8", "self:bf16", "prompt-lookup"]
+    assert ranking == ["composite:int8", "self:int8", "prompt-lookup", "self:bf16"]  # the copy let go comes last
+    assert [c.released for c in drafter.decision.ranking()] == [False, False, False, True]
     assert "1.17x the next (self:int8" in drafter.decision.reason()
+
+
+def test_auto_ranks_the_chosen_drafter_first_even_below_a_copy_it_let_go(tiny):
+    """A copy let go keeps the one rate it measured early; the leaders are measured again and may fall below it. The
+    ranking still opens with what was chosen (the demo's JSON contract: chosen == ranking[0])."""
+    model, tok = tiny
+    drafter = AutoDrafter(model, tok, build=_Fake, candidates=["self:int8", "self:bf16"])
+    seen: dict[str, int] = {}
+
+    def measure(d, prompts):
+        name = getattr(d, "name", None) or "composite:" + d.inner.name.partition(":")[2]
+        seen[name] = seen.get(name, 0) + 1
+        rate = {"self:bf16": 25, "composite:int8": 12}.get(name, 30 if seen[name] <= 2 else 10)
+        return Calibration(tokens=int(rate * 10), passes=10, decode_seconds=10.0)
+
+    drafter.attach(measure, k=4)
+    drafter.choose()
+    choice = drafter.decision
+    assert choice.chosen == "self:int8"
+    assert choice.to_dict()["ranking"][0]["draft"] == choice.chosen
+    assert [(c.draft, c.released) for c in choice.ranking()] == [
+        ("self:int8", False), ("composite:int8", False), ("self:bf16", True)]
+    assert "let go" in choice.table()
 
 
 def test_auto_keeps_compile_drafter_for_the_chosen_drafter(tiny):

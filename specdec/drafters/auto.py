@@ -100,6 +100,8 @@ class Candidate:
     calibration: Calibration | None = None
     build_seconds: float = 0.0
     skipped: str | None = None
+    #: measured, then let go to keep one self-copy in memory: it was slower then, and is not measured again
+    released: bool = False
 
 
 @dataclass
@@ -112,9 +114,11 @@ class AutoChoice:
     seconds: float = 0.0
 
     def ranking(self) -> list[Candidate]:
-        """The measured candidates, fastest first."""
+        """The measured candidates, fastest first: those ``auto`` could choose (the chosen one first), then the
+        self-copies it let go once a faster one was measured (their single early rate is not comparable with the
+        leaders' merged ones)."""
         measured = [c for c in self.candidates if c.calibration is not None]
-        return sorted(measured, key=lambda c: -c.calibration.tokens_per_second)
+        return sorted(measured, key=lambda c: (c.released, -c.calibration.tokens_per_second))
 
     def reason(self) -> str:
         """One line: the winner's measured rate against the runner-up's."""
@@ -129,8 +133,8 @@ class AutoChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"chosen": self.chosen, "reason": self.reason(), "k": self.k, "seconds": round(self.seconds, 2),
-                "ranking": [{"draft": c.draft, **c.calibration.to_dict(), "build_s": round(c.build_seconds, 2)}
-                            for c in self.ranking()],
+                "ranking": [{"draft": c.draft, **c.calibration.to_dict(), "build_s": round(c.build_seconds, 2),
+                             "released": c.released} for c in self.ranking()],
                 "skipped": [{"draft": c.draft, "why": c.skipped} for c in self.candidates if c.skipped is not None]}
 
     def table(self) -> str:
@@ -139,7 +143,8 @@ class AutoChoice:
         for c in self.ranking():
             d = c.calibration.to_dict()
             lines.append(f"{c.draft + (' *' if c.draft == self.chosen else ''):<26}{d['tokens_per_s']:>10.1f}"
-                         f"{d['tokens_per_pass']:>13.2f}{d['pass_ms']:>10.1f}{d['draft_ms_per_pass']:>10.1f}")
+                         f"{d['tokens_per_pass']:>13.2f}{d['pass_ms']:>10.1f}{d['draft_ms_per_pass']:>10.1f}"
+                         + ("  (let go: one copy in memory)" if c.released else ""))
         lines += [f"{c.draft:<26}left out: {c.skipped}" for c in self.candidates if c.skipped is not None]
         return "\n".join(lines)
 
@@ -313,6 +318,7 @@ def _keep_best_copy(candidates: list[Candidate], built: dict[str, Drafter]) -> N
         for c in copies:
             if c is not best:
                 del built[c.draft]
+                c.released = True
 
 
 def default_candidates(verifier: torch.nn.Module) -> list[tuple[str, str | None]]:
