@@ -62,8 +62,9 @@ class SpeculativeModel:
             estimates carry over between calls; a seeded call uses a fresh, clock-free policy, so it reproduces.
         compile_drafter: run the drafter's model (or head) through ``torch.compile``; the first calls pay the
             compilation (cached on disk). Output is unaffected: the verifier decides every token. ``"graphs"``
-            (EAGLE heads): each greedy chain draft is one raw CUDA graph per (batch, ``k``), captured in
-            milliseconds at its first use (:mod:`specdec.runners.capture`; eager over the same buffers on a CPU).
+            (EAGLE heads, model drafters): each greedy chain draft is one raw CUDA graph per (batch, ``k``), captured
+            in milliseconds at its first use (:mod:`specdec.runners.capture`; eager over the same buffers on a CPU);
+            on CUDA ``True`` means ``"graphs"`` for a drafter that captures them.
         tree: verify a tree of drafts per pass (:mod:`specdec.trees`): ``"static"``, a list of paths of top-k
             ranks, ``"dynamic"`` (EAGLE-2), a dict of :class:`~specdec.trees.TreeConfig` fields, or ``"auto"``
             (sized per pass from the verifier's measured cost and the drafter's calibrated confidence). Output is
@@ -71,8 +72,9 @@ class SpeculativeModel:
         tree_cost / tree_draft_step: for ``tree="auto"``, a :class:`~specdec.costs.VerifyCost` and one drafter
             pass in seconds to use instead of measuring them on first use (:meth:`measure_tree_cost`); pin both
             (``stats.tree["verify_cost"]``, ``stats.tree["draft_step_s"]``) to reproduce seeded calls elsewhere.
-        compile_verifier: run every verify pass after the prefill through ``torch.compile`` over a static cache
-            (CUDA graphs on CUDA), a chain's passes padded to k+1 and a tree's to a few fixed widths;
+        compile_verifier: run every verify pass after the prefill through ``torch.compile`` over a static cache,
+            a chain's passes padded to k+1 and a tree's to a few fixed widths; on CUDA ``True`` captures each pass
+            shape as a raw CUDA graph of inductor's fused kernels (:data:`CUDA_COMPILE`; tens of seconds a shape);
             :meth:`prime_verifier` compiles up front. Greedy
             output stays ``model.generate``'s up to float near-ties. A dict is passed to ``torch.compile``.
             ``"graphs"``: no ``torch.compile``; each pass shape of the eager forward is captured as a raw CUDA
@@ -92,7 +94,8 @@ class SpeculativeModel:
                  adaptive: bool = False, compile_drafter: bool | str = False, tree: Any = None,
                  tree_cost: VerifyCost | None = None, tree_draft_step: float | None = None,
                  compile_verifier: bool | str | dict[str, Any] = False, verify: str = "token") -> None:
-        static_options = _static_options(compile_verifier, compile_drafter, num_draft_tokens)
+        cuda = model.device.type == "cuda"
+        static_options = _static_options(compile_verifier, compile_drafter, num_draft_tokens, cuda)
         self.model, self.tokenizer, self.num_draft_tokens = model, tokenizer, num_draft_tokens
         self.draft_name = draft if isinstance(draft, str) else type(draft).__name__  # what reports call the drafter
         self.verifier = CausalLMRunner(model, role="verifier")
@@ -101,7 +104,7 @@ class SpeculativeModel:
             self.verifier.compile_static(static_options)
         self.drafter: Drafter = resolve_drafter(draft, model, verifier_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
         if compile_drafter:
-            _compile_drafter(self.drafter, compile_drafter)
+            _compile_drafter(self.drafter, compile_drafter, cuda)
         self.strategy = Strategy(model, self.verifier, self.drafter, adaptive=adaptive, tree=tree, tree_cost=tree_cost,
                                  tree_draft_step=tree_draft_step, memory_budget=memory_budget, max_k=num_draft_tokens,
                                  verify=verify)
@@ -194,9 +197,16 @@ class SpeculativeModel:
         return k
 
 
-def _static_options(compile_verifier: Any, compile_drafter: Any, k: int) -> dict[str, Any] | None:
+#: what ``compile_verifier=True`` means on CUDA: each verify-pass shape captured as a raw CUDA graph of inductor's fused
+#: kernels (H200, benchmarks/results/gpu/2026-11-28-h200-v3: the oracle at k=4 4.1x hf-compiled on the 1B shape and
+#: 5.6x on the 8B, where torch.compile's own CUDA graphs did not prime within 75 s); a dict still goes to torch.compile
+CUDA_COMPILE = {"backend": "graphs", "fuse": True}
+
+
+def _static_options(compile_verifier: Any, compile_drafter: Any, k: int, cuda: bool = False) -> dict[str, Any] | None:
     """The two ``compile_*`` arguments and ``k`` checked, and torch (one line, not a missing model class, where
-    transformers disabled it); ``compile_verifier``'s options for ``compile_static``."""
+    transformers disabled it); ``compile_verifier``'s options for ``compile_static``. ``True`` on CUDA means raw
+    graphs of inductor's fused kernels (:data:`CUDA_COMPILE`)."""
     _check_k(k)
     check_torch_for_transformers()
     if not isinstance(compile_verifier, (bool, dict)) and compile_verifier != "graphs":
@@ -204,13 +214,16 @@ def _static_options(compile_verifier: Any, compile_drafter: Any, k: int) -> dict
                          f"got {compile_verifier!r}")
     if compile_drafter not in (True, False, "graphs"):
         raise ValueError(f"compile_drafter must be a bool or 'graphs', got {compile_drafter!r}")
+    if compile_verifier is True and cuda:
+        return dict(CUDA_COMPILE)
     return {"backend": "graphs"} if compile_verifier == "graphs" else \
         compile_verifier if isinstance(compile_verifier, dict) else None
 
 
-def _compile_drafter(drafter: Drafter, how: bool | str) -> None:
-    """``compile_drafter``: raw CUDA graphs (``"graphs"``) or ``torch.compile``; a drafter without either says so."""
-    if how == "graphs":
+def _compile_drafter(drafter: Drafter, how: bool | str, cuda: bool = False) -> None:
+    """``compile_drafter``: raw CUDA graphs (``"graphs"``, and ``True`` on CUDA for a drafter that captures them) or
+    ``torch.compile``; a drafter without either says so."""
+    if how == "graphs" or (how is True and cuda and drafter.captures_graphs):
         drafter.compile_graphs()  # raises, naming the drafter, where there is nothing to capture
         return
     if not drafter.compilable:

@@ -134,6 +134,36 @@ def test_bad_compile_arguments_are_refused_early():
         specdec.SpeculativeModel(model, "prompt-lookup", compile_drafter="graphs")
 
 
+
+def test_compile_true_means_fused_raw_graphs_on_cuda_and_torch_compile_elsewhere():
+    """The H200 check (benchmarks/results/gpu/2026-11-28-h200-v3) measured raw graphs of fused kernels at 4.1x and
+    5.6x hf-compiled, while torch.compile's own graphs did not prime in 75 s: on CUDA ``True`` means those graphs
+    (a drafter that captures them included); on a CPU it keeps meaning ``torch.compile``; a dict is torch.compile's."""
+    from specdec.api import CUDA_COMPILE, _compile_drafter, _static_options
+
+    assert _static_options(True, False, 4, cuda=True) == CUDA_COMPILE == {"backend": "graphs", "fuse": True}
+    assert _static_options(True, False, 4, cuda=False) is None
+    assert _static_options({"mode": "reduce-overhead"}, False, 4, cuda=True) == {"mode": "reduce-overhead"}
+    assert _static_options("graphs", False, 4, cuda=True) == {"backend": "graphs"}
+
+    class Drafter:
+        compilable, calls = True, []
+
+        def __init__(self, graphs):
+            self.captures_graphs = graphs
+
+        def compile(self):
+            self.calls.append("compile")
+
+        def compile_graphs(self):
+            self.calls.append("graphs")
+
+    for graphs, cuda, expected in ((True, True, "graphs"), (True, False, "compile"), (False, True, "compile")):
+        drafter = Drafter(graphs)
+        drafter.calls = []
+        _compile_drafter(drafter, True, cuda)
+        assert drafter.calls == [expected], (graphs, cuda)
+
 # ---- proofs over whole calls ----------------------------------------------------------------------------------------
 
 

@@ -92,6 +92,22 @@ def test_tiny_models_greedy_identity_on_cuda(arch, draft, dtype, lengths, tree):
     assert spec.last_stats.verifier_forwards > 0
 
 
+def test_compile_true_is_captured_fused_graphs_on_cuda():
+    """On CUDA ``compile_verifier=True`` / ``compile_drafter=True`` mean raw graphs (of inductor's fused kernels for
+    the verifier, of the head's greedy chain for the drafter): fp32 output is generate's."""
+    model = make_model("llama").to("cuda")
+    spec = specdec.SpeculativeModel(model, _random_eagle3(model), num_draft_tokens=4, compile_verifier=True,
+                                    compile_drafter=True)
+    kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for lengths in ([11], [3, 17, 9]):
+        ids, mask = _left_padded(lengths, "cuda")
+        ref = model.generate(ids, attention_mask=mask, return_dict_in_generate=True, output_logits=True, **kwargs)
+        _assert_equal_up_to_bf16_ties(spec.generate(ids, attention_mask=mask, **kwargs), ref, ids.shape[1])
+    static = spec.verifier.static
+    assert static.raw_graphs and static.fuse and static.failed is None and static.graphs >= 2
+    assert spec.drafter.static_draft and spec.drafter._graph_caches  # the head's chain captured, not torch.compile
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("draft, tree", [(SELF, None), ("prompt-lookup", None), (COMPOSITE, None),

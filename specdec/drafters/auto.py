@@ -221,8 +221,9 @@ class AutoDrafter(WrappingDrafter):
 
     def _apply_compile(self) -> None:
         chosen = self._chosen
-        if self._compile == "graphs" and chosen.captures_graphs:
-            chosen.compile_graphs()
+        cuda = next(self.verifier.parameters()).device.type == "cuda"
+        if chosen.captures_graphs and (self._compile == "graphs" or (self._compile == "compile" and cuda)):
+            chosen.compile_graphs()  # on CUDA compile_drafter=True means raw graphs where the drafter has them
         elif self._compile == "compile" and chosen.compilable:
             chosen.compile()
 
