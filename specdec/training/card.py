@@ -49,3 +49,39 @@ features {stages['features']:.0f} s, training {stages['training']:.0f} s, held-o
 {stages['heldout_eval']:.0f} s; total {sum(stages.values()):.0f} s. Training counts every run, killed ones
 too (its checkpoints carry the clock); the other stages count the runs that finished them.
 """
+
+
+def dflash_card(record: dict[str, Any]) -> str:
+    """Markdown for ``README.md`` of a DFlash drafter trained by ``train-head --kind dflash``."""
+    sources = "\n".join(f"| {s['source']} | {s['license']} | {s['samples']} |" for s in record["sources"])
+    stages, recipe, validation = record["stage_seconds"], record["recipe"], record["validation"]
+    by_position = ", ".join(f"{j + 1}: {a:.3f}" for j, a in enumerate(validation["accuracy_by_position"]) if a is not None)
+    return f"""# DFlash block drafter for {record.get('model') or 'its verifier'}
+
+Trained by `specdec train-head --kind dflash` by self-distillation: the verifier wrote every response, and the
+drafter reads the verifier's own hidden states. It drafts a block of {recipe['block_size'] - 1} tokens in one forward
+of {recipe['layers']} decoder layer(s); the verifier's embedding and LM head are shared. Load it with
+`SpeculativeModel(model, draft="dflash:DIR")`; the files follow z-lab's DFlash layout (`config.json` with
+`dflash_config`, `model.safetensors`).
+
+## Measured
+- Held-out acceptance (greedy, k={record['eval_k']}, through the speculative loop): **{record['heldout_acceptance']:.3f}**,
+  mean accepted length **{record['mean_accepted_length']:.2f}** tokens per verifier pass (bonus token included).
+- Teacher-forced greedy accuracy by block position on held-out samples: {by_position}; loss {validation['loss']}.
+- Training loss: first step {record['first_loss']}, mean of the last 20 steps {record['final_loss']}.
+
+## Data ({record['samples']} samples, {record['tokens']} response tokens)
+| source | license | training samples |
+|---|---|---|
+{sources}
+
+Never trained on Spec-Bench or any evaluation set.
+
+## Recipe
+- Recipe: `{json.dumps(recipe)}`; training: `{json.dumps(record['train_config'])}`; steps {record['steps']}.
+- Reproduce: `{record.get('command') or 'specdec train-head --kind dflash --model MODEL --data PROMPTS --out DIR'}`
+
+## Time on the machine that trained it
+Data {stages.get('data', 0):.0f} s, features {stages.get('features', 0):.0f} s, training {stages['training']:.0f} s
+({stages['training'] / 3600:.2f} hours), held-out evaluation {stages['heldout_eval']:.0f} s.
+"""

@@ -16,7 +16,10 @@ def add_train_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="directory for the head (work files go to OUT/work; rerun to resume)")
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh: delete what an earlier run wrote in OUT (a rerun with other settings is refused without it)")
-    p.add_argument("--kind", choices=("eagle3", "eagle"), default="eagle3", help="head layout to train (default eagle3)")
+    p.add_argument("--kind", choices=("eagle3", "eagle", "dflash"), default="eagle3",
+                   help="head layout to train (default eagle3; dflash: a DFlash block drafter, docs/dflash.md)")
+    p.add_argument("--block-size", type=int, default=8, help="--kind dflash: the block (the newest token and masks)")
+    p.add_argument("--dflash-layers", type=int, default=1, help="--kind dflash: the drafter's decoder layers")
     p.add_argument("--per-group", type=int, default=350, help="at most this many prompts per group (0: all)")
     p.add_argument("--self-prompts", type=int, default=250, help="prompts the verifier writes itself (0: none)")
     p.add_argument("--max-new-tokens", type=int, default=160, help="length of the responses the verifier writes")
@@ -65,8 +68,10 @@ def _error(message: str) -> int:
 
 def _check_numbers(args: argparse.Namespace) -> str | None:
     """What is wrong with the numeric options, in one line (None: nothing)."""
+    if args.block_size < 2:
+        return f"--block-size must be at least 2 (the newest token and one mask), got {args.block_size}"
     for name in ("per_group", "self_prompts", "max_new_tokens", "gen_batch", "batch_tokens", "save_every", "ttt_steps",
-                 "eval_prompts", "draft_vocab", "warmup", "patience"):
+                 "eval_prompts", "draft_vocab", "warmup", "patience", "dflash_layers"):
         value, flag = getattr(args, name), "--" + name.replace("_", "-")
         if value < 0 or (value == 0 and name not in ("per_group", "self_prompts", "eval_prompts", "draft_vocab",
                                                      "patience")):
@@ -140,7 +145,8 @@ def run_train_head(args: argparse.Namespace) -> int:
         train=TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab or None, epochs=args.epochs,
                           batch_tokens=args.batch_tokens, lr=args.lr, ttt_steps=args.ttt_steps, seed=args.seed,
                           save_every=args.save_every, mixed_precision=args.mixed_precision, warmup=args.warmup,
-                          noise=args.noise, patience=args.patience, prompt_weight=args.prompt_weight, lookup_weight=args.lookup_weight))
+                          noise=args.noise, patience=args.patience, prompt_weight=args.prompt_weight, lookup_weight=args.lookup_weight,
+                          block_size=args.block_size, dflash_layers=args.dflash_layers))
     from accelerate import PartialState
 
     import specdec.models

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -34,7 +34,8 @@ from specdec.errors import ResumeError  # one class with eval's (an output made 
 from specdec.heads.checkpoint import save_head
 from specdec.heads.config import HeadConfig
 from specdec.heads.shipped import fingerprint
-from specdec.training.card import model_card
+from specdec.training.card import dflash_card, model_card
+from specdec.training.dflash import DFlashRecipe, target_layers, train_dflash, write_dflash
 from specdec.training.distill import distill, write_self_prompts
 from specdec.training.features import FeatureSet, extract_features
 from specdec.training.prompts import (TrainHeadError, TrainPrompt, balance, heldout_split, read_train_prompts,
@@ -173,6 +174,8 @@ def stage_settings(config: PipelineConfig, data: list[TrainPrompt], model_name: 
                 "lookup_weight": t.lookup_weight}
     if t.kind == "eagle3":  # an EAGLE head has neither
         training.update(draft_vocab=t.draft_vocab or 0, ttt_steps=t.ttt_steps)
+    if t.kind == "dflash":
+        training.update(block_size=t.block_size, dflash_layers=t.dflash_layers)
     stages["training"] = {**stages["features"], **training}
     return stages
 
@@ -258,12 +261,13 @@ def clear_out(out: str | Path) -> None:
     (work / SETTINGS_FILE).unlink(missing_ok=True)
 
 
-def _save_head_whole(head: Any, out: Path, card: str, extra: dict[str, Any], record: dict[str, Any]) -> None:
-    """The head files replaced each at once, ``training.json`` (the mark of a whole head) removed first and
-    written last: an interrupted save leaves the earlier head whole, or no ``training.json``."""
+def _save_head_whole(write: Callable[[Path], None], out: Path, record: dict[str, Any]) -> None:
+    """The head files (``write(tmp)`` makes them) replaced each at once, ``training.json`` (the mark of a whole
+    head) removed first and written last: an interrupted save leaves the earlier head whole, or no
+    ``training.json``."""
     tmp = out / ".head-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_head(head, tmp, card=card, extra_config=extra)
+    write(tmp)
     write_atomic(tmp / "training.json", json.dumps(record, indent=2) + "\n")
     (out / "training.json").unlink(missing_ok=True)
     for name in HEAD_FILES:
@@ -335,8 +339,12 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
         add_times({"data": generated - started})
         if config.stop_after == "data":
             return _stopped(out, samples, started, "data")
-        head_config = HeadConfig.for_verifier(model.config, config.train.kind, draft_vocab_size=None)
-        layers = head_config.aux_layers if head_config.kind == "eagle3" else (model.config.get_text_config().num_hidden_layers,)
+        if config.train.kind == "dflash":  # the layers' outputs: hidden_states[i + 1]
+            layers = tuple(i + 1 for i in target_layers(model.config))
+        else:
+            head_config = HeadConfig.for_verifier(model.config, config.train.kind, draft_vocab_size=None)
+            layers = head_config.aux_layers if head_config.kind == "eagle3" else \
+                (model.config.get_text_config().num_hidden_layers,)
         record_stage("features")
         # a copy in --feature-dtype computes them (bf16: ~3x faster with AMX); the head still trains against
         # the verifier's own embedding and lm_head, as it drafts; made only if a shard is missing
@@ -349,6 +357,9 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
         record_stage("training")
     features = FeatureSet(paths)
     held, train_idx = heldout_split([s["id"] for s in samples], config.heldout)
+    if config.train.kind == "dflash":
+        return _train_dflash(model, tokenizer, features, samples, held, train_idx, out, config, state, started,
+                             model_name=model_name, command=command, log=log, add_times=add_times)
     head, summary = train_head(model, features, train_idx, out, config.train, head_config, val_idx=held,
                                progress=progress, log=log)
     trained = time.perf_counter()
@@ -371,7 +382,39 @@ def _run(model: Any, tokenizer: Any, data: str | Path, out: Path, config: Pipeli
               "heldout_samples": len(held), "eval_k": config.eval_k, "model": model_name,
               "sources": _sources(samples, train_idx)}
     extra = {"specdec_verifier": {**fingerprint(model.config), "name": model_name}}
-    _save_head_whole(head, out, model_card(record, head.config), extra, record)
+    _save_head_whole(lambda tmp: save_head(head, tmp, card=model_card(record, head.config), extra_config=extra), out,
+                     record)
+    return result
+
+
+def _train_dflash(model: Any, tokenizer: Any, features: FeatureSet, samples: list[dict[str, Any]], held: list[int],
+                  train_idx: list[int], out: Path, config: PipelineConfig, state: Any, started: float, *,
+                  model_name: str, command: str, log: Any, add_times: Any) -> dict[str, Any]:
+    """``--kind dflash``: train the block drafter on the features, measure it on held-out prompts, save it whole."""
+    from specdec.drafters.dflash import DFlashDrafter
+
+    t = config.train
+    recipe = DFlashRecipe(block_size=t.block_size, layers=t.dflash_layers)
+    mask = min(max(tokenizer.get_vocab().values()), model.get_input_embeddings().weight.shape[0] - 1)
+    dflash, summary = train_dflash(model, features, train_idx, held[:config.eval_prompts * 4], out, recipe,
+                                   epochs=t.epochs, lr=t.lr, warmup=t.warmup, grad_clip=t.grad_clip, seed=t.seed,
+                                   save_every=t.save_every, mask_token_id=mask, log=log)
+    trained = time.perf_counter()
+    if not state.is_main_process:
+        return {}
+    dtype = next(model.parameters()).dtype
+    drafter = DFlashDrafter(dflash.to(dtype), model)
+    acceptance, accepted_length = heldout_acceptance(model, drafter, [samples[i] for i in held[:config.eval_prompts]],
+                                                     min(config.eval_k, recipe.block_size - 1), config.eval_new_tokens)
+    result = {"out": str(out), "samples": len(samples), "tokens": sum(len(s["response_ids"]) for s in samples),
+              "steps": summary["steps"], "seconds": round(time.perf_counter() - started, 1),
+              "heldout_acceptance": round(acceptance, 4), "mean_accepted_length": round(accepted_length, 3)}
+    stages = {**add_times({"heldout_eval": time.perf_counter() - trained}), "training": round(summary["seconds"], 1)}
+    record = {**result, "kind": "dflash", "stage_seconds": stages, "command": command, "model": model_name,
+              "recipe": vars(recipe), "train_config": vars(t), "first_loss": summary["first_loss"],
+              "final_loss": summary["final_loss"], "validation": summary["validation"], "heldout_samples": len(held),
+              "eval_k": min(config.eval_k, recipe.block_size - 1), "sources": _sources(samples, train_idx)}
+    _save_head_whole(lambda tmp: write_dflash(dflash, tmp, dflash_card(record), dtype), out, record)
     return result
 
 
@@ -414,12 +457,14 @@ def _sources(samples: list[dict[str, Any]], used: list[int]) -> list[dict[str, A
 
 
 def heldout_acceptance(model: Any, head: Any, samples: list[dict[str, Any]], k: int, new_tokens: int) -> tuple[float, float]:
-    """Acceptance rate and mean accepted length (tokens per verifier pass, bonus included) of ``head``
-    drafting ``k`` tokens greedily on held-out prompts, through the real speculative loop."""
+    """Acceptance rate and mean accepted length (tokens per verifier pass, bonus included) of ``head`` (or a
+    drafter) drafting ``k`` tokens greedily on held-out prompts, through the real speculative loop."""
     from specdec.api import SpeculativeModel
+    from specdec.drafters.base import Drafter
     from specdec.drafters.eagle import EagleDrafter
 
-    spec = SpeculativeModel(model, draft=EagleDrafter(head, model), num_draft_tokens=k)
+    drafter = head if isinstance(head, Drafter) else EagleDrafter(head, model)
+    spec = SpeculativeModel(model, draft=drafter, num_draft_tokens=k)
     proposed = accepted = 0
     committed: list[int] = []
     for s in samples:

@@ -55,6 +55,8 @@ class TrainConfig:
     patience: int = 0  # stop after this many epochs without a better validation score (0: train every epoch)
     prompt_weight: float = 0.0  # prompt slots scored too, at this weight: fixed text with the verifier's soft targets
     lookup_weight: float = 1.0  # weight of response targets prompt lookup drafts right (a head for a composite: < 1)
+    block_size: int = 8  # DFlash: the block (the newest token and block_size - 1 masks)
+    dflash_layers: int = 1  # DFlash: the drafter's decoder layers
 
 
 def draft_vocabulary(features: FeatureSet, indices: list[int], size: int, vocab: int) -> tuple[torch.Tensor, float]:
