@@ -17,7 +17,7 @@ from specdec.host_trace import HostTrace, sync_report
 from specdec.protocol import ProposalError
 from specdec.sizing import PlanError
 from specdec.trees.tree import DraftTree
-from tiny_models import VOCAB, char_tokenizer, left_padded, make_model
+from tiny_models import VOCAB, left_padded, make_model, train_inputs
 
 
 @pytest.fixture(scope="module")
@@ -244,11 +244,7 @@ def tiny_data(tmp_path_factory):
     """A tiny verifier as a local model directory, a prompt file, and a data-only train-head run over them."""
     from specdec.cli import main
 
-    root = tmp_path_factory.mktemp("bad_samples")
-    make_model("llama").save_pretrained(root / "m")
-    char_tokenizer().save_pretrained(root / "m")
-    rows = [{"id": f"p{i}", "group": "g", "prompt": f"Tell me about {i} cats."} for i in range(6)]
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = train_inputs(tmp_path_factory.mktemp("bad_samples"), prompts=6)
     assert main(_train_args(root, root / "made", "data")) == 0
     return root
 

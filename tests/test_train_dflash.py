@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 from test_dflash import BLOCK, LAYERS, MASK, _reference_block, _write_dflash
-from tiny_models import char_tokenizer, left_padded, make_model
+from tiny_models import left_padded, make_model, train_inputs
 
 import specdec
 from specdec.drafters.dflash import DFlashDrafter
@@ -82,11 +82,7 @@ def trained(tmp_path_factory):
     """One ``train-head --kind dflash`` run on a tiny Llama and a character tokenizer."""
     from specdec.cli import main
 
-    root = tmp_path_factory.mktemp("train_dflash")
-    make_model("llama").save_pretrained(root / "m")
-    char_tokenizer().save_pretrained(root / "m")
-    rows = [{"id": f"p{i}", "group": "g", "prompt": f"Tell me about {i} cats."} for i in range(8)]
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    root = train_inputs(tmp_path_factory.mktemp("train_dflash"))
     args = ["train-head", "--kind", "dflash", "--model", str(root / "m"), "--data", str(root / "data.jsonl"),
             "--out", str(root / "out"), "--self-prompts", "0", "--max-new-tokens", "12", "--epochs", "2",
             "--block-size", "4", "--eval-prompts", "1", "--gen-batch", "4", "--heldout", "0.25", "--json"]

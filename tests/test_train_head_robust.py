@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_models import char_tokenizer, make_model, tiny_head_features
+from tiny_models import make_model, tiny_head_features, train_inputs
 
 _FAST = ["--self-prompts", "0", "--max-new-tokens", "6", "--epochs", "1", "--draft-vocab", "32", "--batch-tokens", "256",
          "--eval-prompts", "1", "--gen-batch", "4", "--heldout", "0.25", "--json"]
@@ -19,14 +19,7 @@ _FAST = ["--self-prompts", "0", "--max-new-tokens", "6", "--epochs", "1", "--dra
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """Two tiny verifiers of the same shapes (other seeds) as local model directories, and a prompt file."""
-    root = tmp_path_factory.mktemp("train_head")
-    tok = char_tokenizer()
-    for seed in (0, 1):
-        make_model("llama", seed).save_pretrained(root / f"m{seed}")
-        tok.save_pretrained(root / f"m{seed}")
-    rows = [{"id": f"p{i}", "group": "g", "prompt": f"Tell me about {i} cats."} for i in range(8)]
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
+    return train_inputs(tmp_path_factory.mktemp("train_head"), models={"m0": 0, "m1": 1})
 
 
 def _train(tiny: Path, out: Path, *extra: str, model: str | Path = "m0") -> int:

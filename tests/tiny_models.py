@@ -83,6 +83,19 @@ def char_tokenizer():
                                    unk_token="<unk>")
 
 
+def train_inputs(root: Path, prompts: int = 8, models: dict[str, int] | None = None) -> Path:
+    """What a ``train-head`` test runs on, under ``root``: tiny Llama verifiers (``{directory name: seed}``, default
+    ``{"m": 0}``) saved with the character tokenizer, and ``data.jsonl`` with ``prompts`` prompts."""
+    import json
+
+    for name, seed in (models or {"m": 0}).items():
+        make_model("llama", seed).save_pretrained(root / name)
+        char_tokenizer().save_pretrained(root / name)
+    rows = [{"id": f"p{i}", "group": "g", "prompt": f"Tell me about {i} cats."} for i in range(prompts)]
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
 def tiny_head_features(model: torch.nn.Module, directory: Path, samples: int = 6):
     """Cached verifier features of ``samples`` random sequences (5 prompt + 12 response tokens) for training
     an EAGLE-3 head on ``model``: ``(FeatureSet, HeadConfig)``."""
