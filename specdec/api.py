@@ -60,11 +60,9 @@ class SpeculativeModel:
         adaptive: choose the draft length per pass (up to the call's ``k``), ``k = 0`` included where drafting does
             not pay (:class:`~specdec.chains.AdaptiveDraftLength`). Without a ``generator`` the wall-clock
             estimates carry over between calls; a seeded call uses a fresh, clock-free policy, so it reproduces.
-        compile_drafter: run the drafter's model (or head) through ``torch.compile``; the first calls pay the
-            compilation (cached on disk). Output is unaffected: the verifier decides every token. ``"graphs"``
-            (EAGLE heads, model drafters): each greedy chain draft is one raw CUDA graph per (batch, ``k``), captured
-            in milliseconds at its first use (:mod:`specdec.runners.capture`; eager over the same buffers on a CPU);
-            on CUDA ``True`` means ``"graphs"`` for a drafter that captures them.
+        compile_drafter: ``torch.compile`` the drafter's model (or head), the first calls compiling; output is
+            unaffected. ``"graphs"`` (heads, model drafters): each greedy chain draft one raw CUDA graph per (batch,
+            ``k``), captured at first use (:mod:`specdec.runners.capture`); on CUDA ``True`` means ``"graphs"``.
         tree: verify a tree of drafts per pass (:mod:`specdec.trees`): ``"static"``, a list of paths of top-k
             ranks, ``"dynamic"`` (EAGLE-2), a dict of :class:`~specdec.trees.TreeConfig` fields, or ``"auto"``
             (sized per pass from the verifier's measured cost and the drafter's calibrated confidence). Output is
@@ -72,11 +70,10 @@ class SpeculativeModel:
         tree_cost / tree_draft_step: for ``tree="auto"``, a :class:`~specdec.costs.VerifyCost` and one drafter
             pass in seconds to use instead of measuring them on first use (:meth:`measure_tree_cost`); pin both
             (``stats.tree["verify_cost"]``, ``stats.tree["draft_step_s"]``) to reproduce seeded calls elsewhere.
-        compile_verifier: run every verify pass after the prefill through ``torch.compile`` over a static cache,
-            a chain's passes padded to k+1 and a tree's to a few fixed widths; on CUDA ``True`` captures each pass
-            shape as a raw CUDA graph of inductor's fused kernels (:data:`CUDA_COMPILE`; tens of seconds a shape);
-            :meth:`prime_verifier` compiles up front. Greedy
-            output stays ``model.generate``'s up to float near-ties. A dict is passed to ``torch.compile``.
+        compile_verifier: every verify pass after the prefill over a static cache (a chain padded to k+1, a tree to
+            a few widths) through ``torch.compile``; on CUDA ``True`` is raw CUDA graphs of inductor's fused kernels
+            (:data:`CUDA_COMPILE`); :meth:`prime_verifier` compiles up front. Greedy output stays
+            ``model.generate``'s up to float near-ties. A dict is passed to ``torch.compile``.
             ``"graphs"``: no ``torch.compile``; each pass shape of the eager forward is captured as a raw CUDA
             graph at its first use (seconds, not minutes) and replayed after (:mod:`specdec.runners.capture`).
         verify: a sampled chain's rule: ``"token"`` (draft by draft) or ``"block"`` (Sun et al. 2024: judged as a block,

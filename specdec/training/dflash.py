@@ -125,8 +125,8 @@ def evaluate(model: DFlashModel, features: FeatureSet, indices: list[int], embed
              recipe: DFlashRecipe) -> dict[str, Any]:
     """Teacher-forced greedy accuracy per block position on ``indices`` (fixed anchors), and the loss."""
     rng = random.Random(12345)
-    totals = torch.zeros(recipe.block_size - 1)
-    hits = torch.zeros(recipe.block_size - 1)
+    totals = torch.zeros(recipe.block_size - 1, device="cpu")
+    hits = torch.zeros(recipe.block_size - 1, device="cpu")
     losses = []
     with torch.no_grad():
         for i in indices:
