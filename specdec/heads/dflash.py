@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -152,21 +152,33 @@ class DFlashModel(nn.Module):
         cos_c, sin_c = self.rotary_emb(ctx, ctx_pos)
         cos_b, sin_b = self.rotary_emb(block, blk_pos)
         used = int(lengths.max())
-        slots = torch.arange(used, device=device)
-        allowed = torch.cat([(slots[None, :] < lengths[:, None])[:, None].expand(-1, block.shape[1], -1),
-                             torch.ones(batch, block.shape[1], block.shape[1], dtype=torch.bool, device=device)], dim=-1)
+        seen = torch.arange(used, device=device)[None, :] < lengths[:, None]
         rows = torch.arange(batch, device=device)[:, None]
-        x = block
-        for i, layer in enumerate(self.layers):
+
+        def context(i: int, layer: DFlashLayer) -> tuple[torch.Tensor, torch.Tensor]:
             k_ctx, v_ctx = layer.self_attn.key_values(ctx, cos_c, sin_c)
             cache.keys[i][rows, ctx_pos], cache.values[i][rows, ctx_pos] = k_ctx, v_ctx  # padding lands past lengths
-            h = layer.input_layernorm(x)
-            k_blk, v_blk = layer.self_attn.key_values(h, cos_b, sin_b)
-            keys = torch.cat([cache.keys[i][:, :used], k_blk], dim=1)
-            values = torch.cat([cache.values[i][:, :used], v_blk], dim=1)
-            x = x + layer.self_attn(h, cos_b, sin_b, keys, values, allowed)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            return cache.keys[i][:, :used], cache.values[i][:, :used]
+
+        hidden = self.blocks(block, cos_b, sin_b, seen, context)
         cache.lengths = lengths
+        return hidden
+
+    def blocks(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seen: torch.Tensor,
+               context: Callable[[int, DFlashLayer], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The blocks ``x [B, n, H]`` (rotated at ``cos``/``sin``) through every layer, each attending to the context
+        slots it has ``seen [B, S]`` of the keys and values ``context(i, layer)`` (``[B, S, kv_heads, D]``) and to all
+        of itself, without a causal mask; the normed final hidden states. :meth:`draft` and training share it."""
+        b, n = x.shape[:2]
+        allowed = torch.cat([seen[:, None].expand(-1, n, -1),
+                             torch.ones(b, n, n, dtype=torch.bool, device=x.device)], dim=-1)
+        for i, layer in enumerate(self.layers):
+            k_ctx, v_ctx = context(i, layer)
+            h = layer.input_layernorm(x)
+            k_blk, v_blk = layer.self_attn.key_values(h, cos, sin)
+            keys, values = torch.cat([k_ctx, k_blk], dim=1), torch.cat([v_ctx, v_blk], dim=1)
+            x = x + layer.self_attn(h, cos, sin, keys, values, allowed)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

@@ -75,18 +75,12 @@ def block_hidden(model: DFlashModel, features: torch.Tensor, block: torch.Tensor
     cos_c, sin_c = model.rotary_emb(ctx, torch.arange(total, device=device)[None])
     cos_b, sin_b = model.rotary_emb(block, anchors[:, None] + torch.arange(width, device=device))
     seen = torch.arange(total, device=device)[None, :] < anchors[:, None]  # [m, T]
-    allowed = torch.cat([seen[:, None].expand(-1, width, -1),
-                         torch.ones(m, width, width, dtype=torch.bool, device=device)], dim=-1)
-    x = block
-    for layer in model.layers:
+
+    def context(i: int, layer: Any) -> tuple[torch.Tensor, torch.Tensor]:  # one sequence's, for all its blocks
         k_ctx, v_ctx = layer.self_attn.key_values(ctx, cos_c, sin_c)
-        h = layer.input_layernorm(x)
-        k_blk, v_blk = layer.self_attn.key_values(h, cos_b, sin_b)
-        keys = torch.cat([k_ctx.expand(m, -1, -1, -1), k_blk], dim=1)
-        values = torch.cat([v_ctx.expand(m, -1, -1, -1), v_blk], dim=1)
-        x = x + layer.self_attn(h, cos_b, sin_b, keys, values, allowed)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.norm(x)
+        return k_ctx.expand(m, -1, -1, -1), v_ctx.expand(m, -1, -1, -1)
+
+    return model.blocks(block, cos_b, sin_b, seen, context)
 
 
 def block_loss(model: DFlashModel, sample: dict[str, Any], anchors: list[int], embed: torch.nn.Module,
