@@ -9,7 +9,7 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -104,9 +104,16 @@ def save_best(head: EagleHead, directory: Path) -> None:
     """The best head so far, in fp32 (it is returned as is), whole or not at all: a temporary name, then a rename."""
     from specdec.heads.checkpoint import save_head
 
+    write_directory(directory, lambda tmp: save_head(head, tmp, dtype=torch.float32))
+
+
+def write_directory(directory: Path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` into a fresh temporary sibling of ``directory``, then put it in its place
+    (:func:`replace_directory`): the directory is whole or not there, never half written."""
     tmp = directory.with_name(f".tmp-{directory.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_head(head, tmp, dtype=torch.float32)
+    tmp.mkdir(parents=True)
+    write(tmp)
     replace_directory(tmp, directory)
 
 

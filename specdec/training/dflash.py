@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 from transformers import Qwen3Config
 
 from specdec.heads.dflash import DFlashModel, DFlashSettings
-from specdec.training.checkpoints import replace_directory
+from specdec.training.checkpoints import write_directory
 from specdec.training.features import FeatureSet
 
 
@@ -185,12 +184,11 @@ def train_dflash(verifier: Any, features: FeatureSet, train_idx: list[int], val_
 
 
 def _save_checkpoint(directory: Path, model: DFlashModel, optimizer: Any, state: dict[str, Any]) -> None:
-    tmp = directory.with_name(f".tmp-{directory.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp / "trainer.pt")
-    (tmp / "state.json").write_text(json.dumps(state))
-    replace_directory(tmp, directory)
+    def write(tmp: Path) -> None:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, tmp / "trainer.pt")
+        (tmp / "state.json").write_text(json.dumps(state))
+
+    write_directory(directory, write)
 
 
 def write_dflash(model: DFlashModel, directory: Path, card: str, dtype: torch.dtype) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -69,16 +68,16 @@ def _save(model: Any, tokenizer: Any, directory: Path, state: dict[str, Any], op
     """Write the model (and the trainer's state) to ``directory`` through a temporary one: never half a checkpoint."""
     import torch
 
-    from specdec.training.checkpoints import replace_directory
+    from specdec.training.checkpoints import write_directory
 
-    tmp = directory.with_name(f".tmp-{directory.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "train_state.json").write_text(json.dumps(state, indent=1))
-    if optimizer is not None:
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
-    replace_directory(tmp, directory)
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "train_state.json").write_text(json.dumps(state, indent=1))
+        if optimizer is not None:
+            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+
+    write_directory(directory, write)
 
 
 def _card(state: dict[str, Any], args: argparse.Namespace) -> str:

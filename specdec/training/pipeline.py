@@ -404,8 +404,9 @@ def _train_dflash(model: Any, tokenizer: Any, features: FeatureSet, samples: lis
         return {}
     dtype = next(model.parameters()).dtype
     drafter = DFlashDrafter(dflash.to(dtype), model)
+    eval_k = min(config.eval_k, recipe.block_size - 1)  # a block drafts at most block_size - 1
     acceptance, accepted_length = heldout_acceptance(model, drafter, [samples[i] for i in held[:config.eval_prompts]],
-                                                     min(config.eval_k, recipe.block_size - 1), config.eval_new_tokens)
+                                                     eval_k, config.eval_new_tokens)
     result = {"out": str(out), "samples": len(samples), "tokens": sum(len(s["response_ids"]) for s in samples),
               "steps": summary["steps"], "seconds": round(time.perf_counter() - started, 1),
               "heldout_acceptance": round(acceptance, 4), "mean_accepted_length": round(accepted_length, 3)}
@@ -413,7 +414,7 @@ def _train_dflash(model: Any, tokenizer: Any, features: FeatureSet, samples: lis
     record = {**result, "kind": "dflash", "stage_seconds": stages, "command": command, "model": model_name,
               "recipe": vars(recipe), "train_config": vars(t), "first_loss": summary["first_loss"],
               "final_loss": summary["final_loss"], "validation": summary["validation"], "heldout_samples": len(held),
-              "eval_k": min(config.eval_k, recipe.block_size - 1), "sources": _sources(samples, train_idx)}
+              "eval_k": eval_k, "sources": _sources(samples, train_idx)}
     _save_head_whole(lambda tmp: write_dflash(dflash, tmp, dflash_card(record), dtype), out, record)
     return result
 
