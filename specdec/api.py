@@ -17,6 +17,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from specdec.arguments import prepare_generation
 from specdec.costs import VerifyCost
 from specdec.drafters import Drafter, resolve_drafter
+from specdec.drafters.base import wants_graphs
 from specdec.drafters.grammar import constrained_drafter
 from specdec.engine import speculative_generate
 from specdec.models import check_torch_for_transformers
@@ -220,7 +221,7 @@ def _static_options(compile_verifier: Any, compile_drafter: Any, k: int, cuda: b
 def _compile_drafter(drafter: Drafter, how: bool | str, cuda: bool = False) -> None:
     """``compile_drafter``: raw CUDA graphs (``"graphs"``, and ``True`` on CUDA for a drafter that captures them) or
     ``torch.compile``; a drafter without either says so."""
-    if how == "graphs" or (how is True and cuda and drafter.captures_graphs):
+    if wants_graphs(drafter, how, cuda):
         drafter.compile_graphs()  # raises, naming the drafter, where there is nothing to capture
         return
     if not drafter.compilable:

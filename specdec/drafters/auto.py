@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specdec.drafters.base import Drafter, WrappingDrafter
+from specdec.drafters.base import Drafter, WrappingDrafter, wants_graphs
 from specdec.errors import SpecdecError
 from specdec.stats import SpecStats
 
@@ -221,9 +221,9 @@ class AutoDrafter(WrappingDrafter):
 
     def _apply_compile(self) -> None:
         chosen = self._chosen
-        cuda = next(self.verifier.parameters()).device.type == "cuda"
-        if chosen.captures_graphs and (self._compile == "graphs" or (self._compile == "compile" and cuda)):
-            chosen.compile_graphs()  # on CUDA compile_drafter=True means raw graphs where the drafter has them
+        how = "graphs" if self._compile == "graphs" else True
+        if chosen.captures_graphs and wants_graphs(chosen, how, next(self.verifier.parameters()).device.type == "cuda"):
+            chosen.compile_graphs()
         elif self._compile == "compile" and chosen.compilable:
             chosen.compile()
 
