@@ -67,7 +67,7 @@ class SpeculativeModel:
         tree: verify a tree of drafts per pass (:mod:`specdec.trees`): ``"static"``, a list of paths of top-k
             ranks, ``"dynamic"`` (EAGLE-2), a dict of :class:`~specdec.trees.TreeConfig` fields, or ``"auto"``
             (sized per pass from the verifier's measured cost and the drafter's calibrated confidence). Output is
-            unchanged. Drafters: heads, model drafters, prompt lookup, composite.
+            unchanged. Drafters: heads, model drafters (another tokenizer's too), prompt lookup, composite.
         tree_cost / tree_draft_step: for ``tree="auto"``, a :class:`~specdec.costs.VerifyCost` and one drafter
             pass in seconds to use instead of measuring them on first use (:meth:`measure_tree_cost`); pin both
             (``stats.tree["verify_cost"]``, ``stats.tree["draft_step_s"]``) to reproduce seeded calls elsewhere.
@@ -77,8 +77,8 @@ class SpeculativeModel:
             ``model.generate``'s up to float near-ties. A dict is passed to ``torch.compile``.
             ``"graphs"``: no ``torch.compile``; each pass shape of the eager forward is captured as a raw CUDA
             graph at its first use (seconds, not minutes) and replayed after (:mod:`specdec.runners.capture`).
-        verify: a sampled chain's rule: ``"token"`` (draft by draft) or ``"block"`` (Sun et al. 2024: judged as a block,
-            as exact, keeps more of sampled drafts; chains only). Greedy: every rule alike. ``last_stats.verify``.
+        verify: the rule for sampled drafts (:mod:`specdec.rules`): ``"token"``, ``"block"`` (chains) or ``"traversal"``
+            (trees; under sampling a ``static`` one draws its children). Greedy: every rule alike. ``last_stats.verify``.
 
     Raises:
         ValueError: a tree whose static ranks or ``top_k`` lie past the verifier's vocabulary, or other

@@ -134,7 +134,7 @@ class SpecStats(_Rates):
     rows: list[RowStats] = field(default_factory=list)
     tree: dict | None = None
     draft_choice: dict | None = None  # draft="auto": the drafter chosen, why, and the ranking it measured
-    verify: str = "token"  # how sampled chains were verified ("token" or "block"; greedy: every rule alike)
+    verify: str = "token"  # how sampled drafts were verified (specdec.rules: token, block, traversal; greedy: alike)
 
     def __post_init__(self) -> None:
         if not self.rows:

@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec.arguments import prepare_generation
-from specdec.acceptance import CHAIN_RULES
+from specdec.rules import check_rule
 from specdec.chains import AdaptiveDraftLength, ChainPlan, FixedDraftLength
 from specdec.costs import VerifyCost
 from specdec.drafters import Drafter
@@ -46,8 +46,8 @@ class Strategy:
     ``tree``: as ``SpeculativeModel``'s (parsed and checked against the verifier and drafter here);
     ``adaptive``: chains of a per-pass ``k`` (refused with a tree); ``tree_cost`` / ``tree_draft_step``: ``auto``'s
     verifier cost curve and drafter pass in seconds, measured on first use when ``None``; ``memory_budget``: what
-    every call's caches must fit in (``specdec.sizing.check_fits``); ``verify``: the rule sampled chains are verified
-    by (:func:`check_rule`)."""
+    every call's caches must fit in (``specdec.sizing.check_fits``); ``verify``: the rule sampled drafts are verified
+    by (:func:`specdec.rules.check_rule`)."""
 
     def __init__(self, model: PreTrainedModel, verifier: CausalLMRunner, drafter: Drafter, *, adaptive: bool = False,
                  tree: Any = None, tree_cost: VerifyCost | None = None, tree_draft_step: float | None = None,
@@ -62,7 +62,7 @@ class Strategy:
             raise ValueError("adaptive draft lengths are for chains; with a tree use tree='auto' to size it per pass")
         if self.tree is not None and not drafter.supports_tree:
             raise ValueError(f"tree={tree!r}: {type(drafter).__name__} cannot draft trees (heads, model drafters, "
-                             "prompt lookup and composite can)")
+                             "drafters of another tokenizer, prompt lookup and composite can)")
         if self.tree is not None:
             # a tree's children are top-ranked tokens: ranks / top_k past the vocabulary fail now, not in topk mid-call
             self.tree = self.tree.fit_vocab(lm_head_rows(model))
@@ -111,7 +111,7 @@ class Strategy:
         if self.tree is None:
             return ChainPlan(self._draft_length(k, generator), self.verify)
         if not self.tree.tree_mode.sized_per_pass:
-            return TreePlan(self.tree, new_tokens=new_tokens, num_draft_tokens=k)
+            return TreePlan(self.tree, new_tokens=new_tokens, num_draft_tokens=k, rule=self.verify)
         cost = self.measure_tree_cost()
         limit = self.tree.total_tokens
         if generator is not None:  # reproducible: the measured draft step, nothing carried over from other calls
@@ -121,7 +121,7 @@ class Strategy:
                 if self._sizer is None or self._sizer.cost is not cost:
                     self._sizer = TreeSizer(cost, max_tokens=limit)
                 sizer = self._sizer
-        return TreePlan(self.tree, sizer, new_tokens=new_tokens, num_draft_tokens=k)
+        return TreePlan(self.tree, sizer, new_tokens=new_tokens, num_draft_tokens=k, rule=self.verify)
 
     def _draft_length(self, k: int, generator: torch.Generator | None) -> FixedDraftLength | AdaptiveDraftLength:
         """``k`` itself, or an adaptive policy drafting at most ``k``."""
@@ -160,13 +160,3 @@ class Strategy:
         plan = ChainPlan.fixed(max(1, min(4, positions // 4)))
         stats = speculative_generate(self.verifier, self.drafter, setup, plan).stats
         return stats.draft_seconds / stats.drafter_forwards if stats.drafter_forwards else 0.0
-
-
-def check_rule(verify: str, tree: bool) -> str:
-    """``verify=`` checked: a name in :data:`~specdec.acceptance.CHAIN_RULES`; with a tree only ``"token"``."""
-    if verify not in CHAIN_RULES:
-        raise ValueError(f"verify={verify!r}: choose one of {', '.join(map(repr, CHAIN_RULES))}")
-    if tree and verify != "token":
-        raise ValueError(f"verify={verify!r} verifies chains; a tree's drafts are verified node by node "
-                         "(verify='token'): leave out tree= or verify=")
-    return verify

@@ -16,7 +16,9 @@ import torch
 from specdec.acceptance import CHAIN_RULES, greedy_accept, one_hot
 from specdec.arguments import GenerationSetup
 from specdec.protocol import Commit, DraftedIds, Drafts, DraftChain, Rows
+from specdec.rules import chain_rule
 from specdec.trees.accept import greedy_tree_accept, tree_rejection_accept
+from specdec.trees.traversal import traversal_accept
 from specdec.trees.tree import DraftTree, reads_context
 from specdec.runners.session import CacheSession
 
@@ -65,8 +67,8 @@ class Verified:
 
 def verify(cache: CacheSession, rows: Rows, drafts: Drafts, setup: GenerationSetup, layers: tuple[int, ...],
            generator: torch.Generator | None, rule: str = "token") -> Verified:
-    """One verify pass over ``drafts``: :func:`verify_chain` for a chain (a sampled one by ``rule``), :func:`verify_tree`
-    for a tree."""
+    """One verify pass over ``drafts``: :func:`verify_chain` for a chain, :func:`verify_tree` for a tree; sampled ones by
+    ``rule`` (:mod:`specdec.rules`)."""
     verified = _pass_for(drafts)(cache, rows, drafts, setup, layers, generator, rule)
     verified.drafted = drafts.drafted
     return verified
@@ -105,6 +107,7 @@ def verify_chain(cache: CacheSession, rows: Rows, proposal: DraftChain, setup: G
     else:
         p = torch.softmax(scores, dim=-1)
         q = proposal.probs
+        rule = chain_rule(rule)
         if q is None:  # deterministic drafts: one-hot q, where the token rule keeps as much as any (and costs least)
             q, rule = one_hot(drafts, p.shape[-1], p.dtype), "token"
         accepted, tokens = CHAIN_RULES[rule](drafts, q, p, generator)
@@ -114,7 +117,8 @@ def verify_chain(cache: CacheSession, rows: Rows, proposal: DraftChain, setup: G
 def verify_tree(cache: CacheSession, rows: Rows, tree: DraftTree, setup: GenerationSetup,
                 layers: tuple[int, ...], generator: torch.Generator | None, rule: str = "token") -> Verified:
     """Score ``[last, node_1 .. node_N]`` per row in one pass: each node sees the cache, the root, its
-    ancestors and itself, at position committed + depth; then walk the tree (greedy or multi-draft sampling)."""
+    ancestors and itself, at position committed + depth; then walk the tree: greedy, or sampled by ``rule``
+    (:data:`TREE_RULES`: per-node rejection sampling top-down, or traversal verification leaf first)."""
     device = tree.tokens.device
     last = torch.stack([row[-1] for row in rows]).unsqueeze(1)
     depth, mask, valid = tree.verify_inputs(device)
@@ -124,7 +128,9 @@ def verify_tree(cache: CacheSession, rows: Rows, tree: DraftTree, setup: Generat
     logits = step.logits.float()
     scores = _process(setup, rows, _tree_contexts(rows, tree, setup), logits) if setup.processors else logits
     if setup.do_sample:
-        accepted, tokens, path = tree_rejection_accept(tree, torch.softmax(scores, dim=-1), generator)
+        # top-ranked nodes (one-hot laws): traversal keeps what the token rule keeps, which costs less on the host
+        rule = "token" if tree.probs is None else rule
+        accepted, tokens, path = TREE_RULES[rule](tree, torch.softmax(scores, dim=-1), generator)
     else:
         accepted, tokens, path = greedy_tree_accept(tree, scores)
     index = torch.cat([torch.zeros(path.shape[0], 1, dtype=torch.long, device=path.device), path + 1], dim=1).clamp_min(0)  # committed positions
@@ -144,6 +150,9 @@ def _tree_contexts(rows: Rows, tree: DraftTree, setup: GenerationSetup) -> list[
     return [[row] + [torch.cat([row, on_path[b, i, :m]]) for i, m in enumerate(lengths[b])]
             for b, row in enumerate(rows)]
 
+
+#: how a sampled tree is verified, by name (:mod:`specdec.rules`)
+TREE_RULES = {"token": tree_rejection_accept, "traversal": traversal_accept}
 
 _pass_for.register(DraftChain, lambda drafts: verify_chain)
 _pass_for.register(DraftTree, lambda drafts: verify_tree)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent / "specdec"
 #: (a façade) can sit above its own modules. A new module must be placed here.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # leaves: torch-free helpers and self-contained packages (quantized copies, sizing, heads, grammars, prompts)
-    ("specdec.errors", "specdec.metrics", "specdec.costs", "specdec.slots", "specdec.transfer", "specdec.acceptance", "specdec.stats",
+    ("specdec.errors", "specdec.metrics", "specdec.costs", "specdec.slots", "specdec.transfer", "specdec.acceptance", "specdec.rules", "specdec.stats",
      "specdec.stopping", "specdec.draft_registry", "specdec.trees.modes", "specdec.trees.config", "specdec.sizing",
      "specdec.quant", "specdec.heads", "specdec.constraints", "specdec.prompts", "specdec.models", "specdec.model_cache", "specdec.lazy"),
     ("specdec.runners",),  # a model over a managed cache

@@ -132,12 +132,12 @@ def _tiny_pair():
     return verifier, vtok, draft, _word_level(dvocab, unk="z")
 
 
-def _tli_law(verifier, vtok, draft, dtok, rows: int = 2400) -> float:
+def _tli_law(verifier, vtok, draft, dtok, rows: int = 2400, **options) -> float:
     from law import chi2, exact_joint, tally
 
     prompt, steps = torch.tensor([[3, 1, 4, 3, 1]]), 3
     drafter = CrossVocabDrafter(draft, dtok, vtok, sample="a bad cafe faced a big hedge")  # text in a-h
-    spec = specdec.SpeculativeModel(verifier, drafter, num_draft_tokens=2, tokenizer=vtok)
+    spec = specdec.SpeculativeModel(verifier, drafter, num_draft_tokens=2, tokenizer=vtok, **options)
     sampling = dict(temperature=0.9, top_k=6)
     out = spec.generate(prompt.expand(rows, -1), max_new_tokens=steps, do_sample=True,
                         generator=torch.Generator().manual_seed(11), **sampling)
@@ -182,6 +182,50 @@ def test_a_pair_that_shares_too_little_is_refused_in_one_line(pair):
     assert "\n" not in str(err.value)
     greedy = dict(max_new_tokens=4, do_sample=False, eos_token_id=None)
     assert torch.equal(spec.generate(ids, **greedy), model.generate(ids, **greedy))  # greedy goes by text
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+def test_cross_vocabulary_trees_are_greedy_identical_at_batch_one_and_ragged_four(pair, tree):
+    """Trees under TLI: every node a shared token, fed by its draft id under the tree mask; greedy is ``generate``."""
+    model, tokenizer, draft, draft_tokenizer = pair
+    spec = specdec.SpeculativeModel(model, draft, tree=tree, tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
+    ids = tokenizer("the cat sat on the mat, the cat", return_tensors="pt").input_ids
+    kwargs = dict(max_new_tokens=16, do_sample=False, eos_token_id=None)
+    assert torch.equal(spec.generate(ids, **kwargs), model.generate(ids, **kwargs))
+    assert spec.last_stats.accepted > 0 and spec.last_stats.mean_tree_tokens > 1.5
+    tokenizer.padding_side = "left"
+    texts = ["the cat sat", "a dog ran on the hill", "to be or not to be", "hi"]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    kwargs = dict(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(spec.generate(**batch, **kwargs), model.generate(**batch, **kwargs))
+
+
+@pytest.mark.parametrize("rule", ["token", "traversal"])
+def test_sampled_cross_vocabulary_trees_keep_the_verifier_law(rule):
+    assert _tli_law(*_tiny_pair(), tree=[[0], [1], [2], [0, 0], [1, 0]], verify=rule) > ALPHA
+
+
+def test_cross_vocabulary_trees_misreporting_their_laws_fail_the_same_law_test(monkeypatch):
+    """The negative control: a sampled tree's children reported with a flat law over their support."""
+    from specdec.trees import build
+
+    real = build._children
+
+    def flat(logprobs, width, sample, generator):
+        v, t, laws = real(logprobs, width, sample, generator)
+        return v, t, None if laws is None else (laws > 0).float() / (laws > 0).float().sum(dim=-1, keepdim=True)
+
+    monkeypatch.setattr(build, "_children", flat)
+    assert _tli_law(*_tiny_pair(), tree=[[0], [1], [2], [0, 0], [1, 0]], verify="traversal") < ALPHA
+
+
+def test_a_tree_over_a_pair_that_shares_too_little_is_refused_in_one_line(pair):
+    model, tokenizer, draft, _ = pair
+    few = _word_level({"<unk>": 0, **{c: i + 1 for i, c in enumerate("XYZ0123")}}, unk="<unk>")
+    spec = specdec.SpeculativeModel(model, draft, tree="static", tokenizer=tokenizer, draft_tokenizer=few)
+    ids = tokenizer("the cat sat", return_tensors="pt").input_ids
+    with pytest.raises(SharedVocabularyError, match=r"shares 7 of the verifier's \d+ tokens.*trees over them .*tree=None"):
+        spec.generate(ids, max_new_tokens=4, do_sample=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -182,12 +182,18 @@ def test_plan_and_parse_methods():
 def test_verify_rules_plan_parse_and_reach_the_summary(tiny, tmp_path):
     planned = plan_methods(["hf"], ["prompt-lookup"], [2], trees=[None, "static"], verify=["token", "block"])
     assert [m.name for m in planned] == ["hf", "specdec[prompt-lookup,k=2]", "specdec[prompt-lookup,k=2,verify=block]",
-                                         "specdec[prompt-lookup,k=2,tree=static]"]  # trees: verified node by node
+                                         "specdec[prompt-lookup,k=2,tree=static]"]  # trees: the rules that verify trees
     assert all(MethodSpec.parse(m.name) == m for m in planned)
     assert MethodSpec.parse("specdec[suffix,k=3,verify=block,warm]") == MethodSpec("specdec", "suffix", 3, cache="warm",
                                                                                   verify="block")
-    with pytest.raises(ValueError, match="verify='block': a rule for specdec chain methods"):
+    with pytest.raises(ValueError, match="verify='block' does not verify specdec trees: .* token, traversal"):
         MethodSpec("specdec", "self:int8", 4, tree="static", verify="block")
+    with pytest.raises(ValueError, match="verify='traversal' does not verify specdec chains: .* token, block"):
+        MethodSpec("specdec", "self:int8", 4, verify="traversal")
+    planned = plan_methods(["hf"], ["self:int8"], [2], trees=[None, "static"], verify=["block", "traversal"])
+    assert [m.name for m in planned] == ["hf", "specdec[self:int8,k=2,verify=block]",
+                                         "specdec[self:int8,k=2,tree=static,verify=traversal]"]
+    assert all(MethodSpec.parse(m.name) == m for m in planned)
     model, tok = tiny
     config = EvalConfig(out_dir=tmp_path, draft=[DRAFT], num_draft_tokens=2, baselines=["hf"], max_new_tokens=6,
                         verify=["token", "block"], do_sample=True, temperature=0.8, progress=False, plots=False)

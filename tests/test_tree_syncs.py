@@ -65,3 +65,22 @@ def test_a_tree_pass_reads_the_device_at_most_twice(model, tree, kind, batch, sa
     if not sample:
         ref = model.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=False, pad_token_id=0)
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic"])
+@pytest.mark.parametrize("kind", ["eagle", "model"])
+def test_a_traversal_pass_reads_no_more_than_a_token_pass(model, tree, kind):
+    """Traversal verification walks every row on the device from host-built event lists: no read of its own, with
+    sampled children (static) or top-ranked ones (dynamic)."""
+    ids, mask = _batch(rows=3)
+    draft = {"eagle": lambda: EagleDrafter(_random_head(model, "eagle3"), model),
+             "model": lambda: perturbed_copy(model, 0.05)}[kind]()
+    spec = specdec.SpeculativeModel(model, draft, num_draft_tokens=4, tree=tree, verify="traversal")
+    with HostTrace() as trace:
+        trace.mark_engine()
+        spec.generate(ids, attention_mask=mask, max_new_tokens=24, do_sample=True, temperature=0.8, top_k=30,
+                      pad_token_id=0, generator=torch.Generator(device="cpu").manual_seed(0))
+    steady = trace.steady()
+    assert len(steady) >= 3, sync_report(trace)
+    assert max(r.sync_count for r in steady) <= BOUNDS.get((tree, kind), 1), sync_report(trace)
+    assert spec.last_stats.proposed > 0 and spec.last_stats.verify == "traversal"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 
@@ -74,7 +75,8 @@ class CompositeDrafter(WrappingDrafter):
             self.lookup_steps += 1
             return self.lookup.propose_tree(rows, shape, ctx)
         self.model_steps += 1
-        tree = self.model_drafter.propose_tree(rows, shape, ctx)
+        # the merged tree is packed without per-node laws, so its children must be top-ranked ones (one-hot laws)
+        tree = self.model_drafter.propose_tree(rows, replace(shape, sample=False), ctx)
         merged, sizes = [], []
         for b, branch in enumerate(branches):
             own = RowTree.from_tree(tree, b, values=False)  # its tokens: the model's host copy, or one read per tree

@@ -14,8 +14,11 @@ cache for the whole batch: each row is cropped to the longest prefix of draft to
   is that shared token's verifier id; its probabilities are ``q`` for rejection sampling. A pair that shares too
   little is refused (:class:`~specdec.drafters.shared_vocab.SharedVocabularyError`).
 
+Trees (:meth:`CrossVocabDrafter.propose_tree`) are drafted under TLI, greedy or sampled: every node is a shared
+token, fed to the drafter by its draft id under the tree's mask, its children the drafter's top-ranked shared tokens
+(or drawn ones in a ``static`` tree under sampling: :func:`specdec.trees.build.grow_tree`).
+
 Either way the verifier decides, so the output is the verifier's; what the tokenizers disagree on costs acceptance.
-Not here: trees.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from specdec.drafters.scores import draw, extended, processed_scores
 from specdec.drafters.prompt_lookup import chain_of
 from specdec.drafters.shared_vocab import SAMPLE, SharedVocab
 from specdec.protocol import DraftChain, DraftContext, Rows
+from specdec.trees.build import TreeShape, grow_tree
+from specdec.trees.tree import DraftTree
 from specdec.runners.hf import CausalLMRunner
 from specdec.runners.session import CacheSession
 from specdec.transfer import upload
@@ -40,7 +45,7 @@ _ROOM = 64  # draft-cache slots past the expected need (a compaction, then a new
 class CrossVocabDrafter(Drafter):
     """``model`` (any causal LM) drafting for a verifier whose tokenizer differs from its own, ``draft_tokenizer``."""
 
-    supports_tree = False
+    supports_tree = True
 
     def __init__(self, model: torch.nn.Module, draft_tokenizer: Any, verifier_tokenizer: Any,
                  lookbehind: int = LOOKBEHIND, sample: str = SAMPLE) -> None:
@@ -113,6 +118,29 @@ class CrossVocabDrafter(Drafter):
         fed = shared.to_draft[tokens_[:, : k - 1]].clamp_min(0).tolist()
         self._fed = [row + f for row, f in zip(ids, fed)]
         return DraftChain(tokens_, torch.stack(probs, dim=1))
+
+    @torch.no_grad()
+    def propose_tree(self, rows: Rows, shape: TreeShape, ctx: DraftContext) -> DraftTree:
+        """A tree of shared tokens per row (TLI, greedy or sampled); a pair sharing too little is refused
+        (:class:`~specdec.drafters.shared_vocab.SharedVocabularyError`). The nodes fed to the drafter are dropped at
+        the next pass's catch-up, which feeds the committed text again from where it parts from the cache."""
+        ids = [self._draft_ids(rows.host(b)[rows.pads[b]:]) for b in range(len(rows))]
+        root = self._catch_up(ids, shape.config.max_fed + 1, rows.device)
+        shared = self.shared_vocab(root.device)
+        shared.check(trees=True)
+        vocab = ctx.vocab_size or shared.verifier_size
+        before = self._session.counts.clone()
+
+        def expand(tokens, depth, parent_pos, visible):
+            self.forwards += 1
+            logits = self._session.forward(shared.to_draft[tokens].clamp_min(0), position_ids=before.unsqueeze(1) + depth - 1,
+                                           tree_mask=visible).logits
+            return shared.verifier_scores(logits.flatten(0, 1), vocab).view(*tokens.shape, vocab)
+
+        grown = grow_tree(shared.verifier_scores(root, vocab), expand, shape, rows, ctx,
+                          lambda logits, contexts: processed_scores(logits, contexts, ctx))
+        self._fed = ids
+        return grown.tree
 
     def _draft_ids(self, context: list[int]) -> list[int]:
         """The draft tokens of a row's text (verifier ids ``context``); never empty."""

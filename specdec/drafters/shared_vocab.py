@@ -77,13 +77,16 @@ class SharedVocab:
         coverage = sum(int(to_draft[t]) >= 0 for t in tokens) / max(len(tokens), 1)
         return cls(d_ids, v_ids, to_draft, coverage, size)
 
-    def check(self) -> None:
-        """Raise :class:`SharedVocabularyError` if sampled drafts over the shared tokens could never pay."""
+    def check(self, trees: bool = False) -> None:
+        """Raise :class:`SharedVocabularyError` if drafts over the shared tokens could never pay: sampled chains', or
+        (``trees``) any tree's, whose nodes are all shared tokens."""
         if self.coverage < MIN_COVERAGE:
+            instead = "draft chains (tree=None), whose greedy drafts go by text," if trees else \
+                "decode greedily (drafts then go by text)"
             raise SharedVocabularyError(
                 f"the drafter's vocabulary shares {len(self.verifier_ids)} of the verifier's {self.verifier_size} "
                 f"tokens, {self.coverage:.0%} of a sample text's tokens (at least {MIN_COVERAGE:.0%} needed): "
-                "sampled drafts over them (TLI) cannot pay; decode greedily (drafts then go by text) or draft with "
+                f"{'trees' if trees else 'sampled drafts'} over them (TLI) cannot pay; {instead} or draft with "
                 "a model of the verifier's vocabulary")
 
     def to(self, device: torch.device) -> "SharedVocab":

@@ -99,9 +99,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                      help="verify chains (none) or trees of drafts per pass; several run each specdec method with each "
                           "(e.g. --tree none auto compares chain and tree in one run)")
     gen.add_argument("--verify", nargs="+", choices=VERIFY_RULES, default=["token"],
-                     help="how sampled chains are verified: token (draft by draft) or block (block verification, "
-                          "Sun et al. 2024); several run each chain method with each (e.g. --verify token block); "
-                          "greedy outputs are the same under every rule")
+                     help="how sampled drafts are verified: token (draft by draft, chains and trees), block (chains "
+                          "judged as a block, Sun et al. 2024) or traversal (trees judged leaf first, Weng et al. 2025); "
+                          "several run each method with each rule that applies to it (e.g. --verify token block "
+                          "traversal); greedy outputs are the same under every rule")
     gen.add_argument("--compile-drafter", action="store_true",
                      help="run specdec's model drafters and draft heads through torch.compile (compiled during the warm-up)")
     gen.add_argument("--compile-verifier", nargs="?", const="on", choices=("on", "both"), default=None,

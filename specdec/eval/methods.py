@@ -32,6 +32,7 @@ from specdec.eval.baselines import (  # noqa: F401  (HEURISTIC_ASSISTANT: re-exp
 )
 from specdec.eval.baselines import baselines as registered_baselines
 from specdec.eval.baseline_registry import SPECDEC
+from specdec.rules import RULES, applies, rules_for
 from specdec.trees.modes import TREE_MODES
 
 if TYPE_CHECKING:
@@ -50,8 +51,8 @@ DEFAULT_DRAFT = "self:int8"
 DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # the value transformers' docs use
 #: the states a cross-call cache is measured in (``MethodSpec.cache``)
 CACHE_STATES = ("cold", "warm")
-#: the rules a sampled chain can be verified by (``MethodSpec.verify``; ``specdec.acceptance.CHAIN_RULES``)
-VERIFY_RULES = ("token", "block")
+#: the rules sampled drafts can be verified by (``MethodSpec.verify``; :mod:`specdec.rules`)
+VERIFY_RULES = tuple(RULES)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class MethodSpec:
     tree: str | None = None  # specdec only: a tree mode's name (TREE_MODES; None: chains)
     compiled: bool = False  # specdec only: verify passes through torch.compile (compile_verifier)
     cache: str | None = None  # specdec with a cross-call cache (suffix): "cold" (kept empty) or "warm" (learns in order)
-    verify: str = "token"  # specdec only: how sampled chains are verified (specdec.acceptance.CHAIN_RULES)
+    verify: str = "token"  # specdec only: how sampled drafts are verified (specdec.rules: block for chains, traversal trees)
 
     def __post_init__(self) -> None:
         if self.kind != SPECDEC and self.baseline is None:
@@ -79,8 +80,10 @@ class MethodSpec:
         if self.cache is not None and (self.kind != SPECDEC or self.cache not in CACHE_STATES):
             raise ValueError(f"cache={self.cache!r}: for specdec methods whose drafter learns across calls, one of "
                              f"{', '.join(CACHE_STATES)}")
-        if self.verify != "token" and (self.kind != SPECDEC or self.tree is not None or self.verify not in VERIFY_RULES):
-            raise ValueError(f"verify={self.verify!r}: a rule for specdec chain methods, one of {', '.join(VERIFY_RULES)}")
+        if self.verify != "token" and (self.kind != SPECDEC or not applies(self.verify, self.tree is not None)):
+            which = "tree" if self.tree is not None else "chain"
+            raise ValueError(f"verify={self.verify!r} does not verify specdec {which}s: a {which} method's rules are "
+                             f"{', '.join(r for r in VERIFY_RULES if applies(r, self.tree is not None))}")
         if self.compiled and self.kind != SPECDEC:
             raise ValueError(f"compiled verify passes are for specdec methods, not {self.kind} (hf-compiled is HF's)")
 
@@ -171,7 +174,8 @@ def plan_methods(
 ) -> list[MethodSpec]:
     """The methods of a run: ``hf`` (always: it is the reference), ``hf-compiled`` when asked for, the other
     baselines, then specdec per drafter, k, tree (``None`` or ``"none"``: chains), ``compiled`` (eager and/or
-    compiled verify passes) and, for chains, each ``verify`` rule (and, with ``adaptive``, each chain method again with adaptive draft length up to k).
+    compiled verify passes) and each ``verify`` rule that applies to it (:func:`specdec.rules.rules_for`; and, with
+    ``adaptive``, each chain method again with adaptive draft length up to k).
 
     ``hf-assisted`` is planned for each drafter that is a causal LM; for the others a warning says
     why it is left out.
@@ -194,12 +198,12 @@ def plan_methods(
                 warnings.warn(f"{baseline.name} {why}, skipped", stacklevel=2)
     trees = [None if t in (None, "none") else t for t in trees]
     compiled = list(compiled)
-    rules = list(verify)  # chains run under each rule; trees are verified node by node ("token")
+    rules = list(verify)  # each method runs under each rule that verifies its drafts (chain or tree)
     methods += [MethodSpec(SPECDEC, d, k, tree=t, compiled=c, verify=r) for d in drafts for k in ks for t in trees
-                for c in compiled for r in (rules if t is None else ["token"])]
+                for c in compiled for r in rules_for(rules, t is not None)]
     if adaptive:
         methods += [MethodSpec(SPECDEC, d, k, adaptive=True, compiled=c, verify=r) for d in drafts for k in ks
-                    for c in compiled for r in rules]
+                    for c in compiled for r in rules_for(rules, False)]
     return list(dict.fromkeys(_cache_states(methods)))
 
 

@@ -35,7 +35,7 @@ def _walk(chosen: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor,
     return (path >= 0).sum(dim=1), path, end
 
 
-def _commit_tokens(tree: DraftTree, path: torch.Tensor, accepted: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+def commit_tokens(tree: DraftTree, path: torch.Tensor, accepted: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
     """``[B, D + 1]``: the accepted path's tokens, then ``last`` (the verifier's own) at ``accepted``; 0 after."""
     on_path = tree.tokens.gather(1, path.clamp_min(0)) if path.shape[1] else path
     tokens = torch.cat([torch.where(path >= 0, on_path, 0), torch.zeros_like(accepted).unsqueeze(1)], dim=1)
@@ -64,7 +64,7 @@ def greedy_tree_accept(tree: DraftTree, scores: torch.Tensor) -> tuple[torch.Ten
         hit = (child >= 0) & (chosen < 0) & (_child_tokens(tree, child) == target)
         chosen = torch.where(hit, child, chosen)
     accepted, path, end = _walk(chosen, depth)
-    return accepted, _commit_tokens(tree, path, accepted, target.gather(1, end.unsqueeze(1)).squeeze(1)), path
+    return accepted, commit_tokens(tree, path, accepted, target.gather(1, end.unsqueeze(1)).squeeze(1)), path
 
 
 def residual(p: torch.Tensor, q: torch.Tensor | None, token: torch.Tensor | int) -> torch.Tensor:
@@ -126,4 +126,4 @@ def tree_rejection_accept(tree: DraftTree, target_probs: torch.Tensor,
     accepted, path, end = _walk(chosen, depth)
     last = torch.multinomial(p.gather(1, end.view(batch, 1, 1).expand(-1, 1, vocab)).squeeze(1), 1,
                              generator=generator).squeeze(1)
-    return accepted, _commit_tokens(tree, path, accepted, last), path
+    return accepted, commit_tokens(tree, path, accepted, last), path

@@ -44,12 +44,14 @@ class Expander(Protocol):
 
 @dataclass
 class TreeShape:
-    """One pass's tree request: the configuration, the depth the call still has room for, and (``auto``)
-    the sizer that picks depth and size from measured costs."""
+    """One pass's tree request: the configuration, the depth the call still has room for, (``auto``) the sizer that
+    picks depth and size from measured costs, and whether children are sampled (a fixed shape only: see
+    :func:`grow_tree`)."""
 
     config: TreeConfig
     room: int
     sizer: TreeSizer | None = None
+    sample: bool = False
 
     @property
     def depth(self) -> int:
@@ -145,7 +147,10 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
 
     ``score(logits [M, V], contexts)`` turns draft logits into the scores children are ranked by (the
     call's processors applied with each node's ``(row owner, context)``); children are the top-ranked tokens, so the
-    tree is deterministic given the context and sampling stays exact with one-hot ``q``.
+    tree is deterministic given the context and sampling stays exact with one-hot ``q``. With ``shape.sample`` (a
+    fixed shape under sampling: its nodes do not depend on what was drawn) a node's children are drawn from its
+    processed ``q`` without replacement instead (:func:`_children`), and the tree carries each child's law
+    (``tree.probs``), which every tree rule reads.
     """
     batch, device = root_logits.shape[0], root_logits.device
     config = shape.config
@@ -160,7 +165,7 @@ def grow_tree(root_logits: torch.Tensor, expand: Expander, shape: TreeShape, row
 
     root = logprobs(root_logits.unsqueeze(1), None, 0)[:, 0]
     if config.tree_mode.grows_paths:
-        return _static(root, cands, expand, shape, logprobs)
+        return _static(root, cands, expand, shape, logprobs, ctx.generator)
     k = config.top_k
     v, t = root.topk(k, dim=-1)
     ranks = torch.arange(k, device=device)
@@ -254,24 +259,48 @@ def _static_plan(choices: tuple[tuple[int, ...], ...]) -> tuple[list[int], list[
 
 
 def _static(root: torch.Tensor, cands: _Candidates, expand: Expander, shape: TreeShape,
-            logprobs: Callable) -> GrownTree:
-    """Static tree: nodes at depth ``d`` are the ranked children of their depth ``d - 1`` parents, one pass a depth.
-    Its shape comes from the host (:func:`_static_plan`): nothing is read back."""
+            logprobs: Callable, generator: torch.Generator | None = None) -> GrownTree:
+    """Static tree: nodes at depth ``d`` are the ranked (or, with ``shape.sample``, drawn) children of their depth
+    ``d - 1`` parents, one pass a depth. Its shape comes from the host (:func:`_static_plan`): nothing is read back."""
     batch, device = root.shape[0], root.device
     ints, levels, parents, fed = _static_plan(tuple(c for c in shape.config.choices if len(c) <= shape.depth))
     plan = upload(ints, torch.long, device)  # the whole shape in one upload; each depth slices it (views)
+    laws = []
     for d, (fed_at, fed_n, width, pick_at, n, par_at) in enumerate(levels, start=1):
         if d == 1:
-            v, t = root.topk(width, dim=-1)  # [B, W]
+            v, t, law = _children(root, width, shape.sample, generator)  # [B, W]
         else:  # feed this depth's parents in one pass
             nodes = plan[fed_at : fed_at + fed_n].expand(batch, -1)
-            v, t = logprobs(cands.feed(nodes, expand), nodes, d - 1).topk(width, dim=-1)  # [B, P, W]
+            v, t, law = _children(logprobs(cands.feed(nodes, expand), nodes, d - 1), width, shape.sample, generator)
             v = (cands.val.gather(1, nodes).unsqueeze(-1) + v).flatten(1)  # cumulative log-probabilities
             t = t.flatten(1)
         pick = plan[pick_at : pick_at + n]
+        if law is not None:
+            laws.append(law.flatten(1, -2).index_select(1, pick))
         cands.add(t.index_select(1, pick), plan[par_at : par_at + n].expand(batch, -1), v.index_select(1, pick))
     tree = DraftTree.from_host(cands.tok, [list(parents) for _ in range(batch)], values=cands.val.exp())
+    tree.probs = torch.cat(laws, dim=1) if laws else None
     return GrownTree(tree, [list(fed) for _ in range(batch)])
+
+
+def _children(logprobs: torch.Tensor, width: int, sample: bool, generator: torch.Generator | None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``width`` children of each node from its log-probabilities ``[..., V]``: ``(log-probabilities, tokens, laws)``
+    ``[..., W]``. Top-ranked (laws ``None``), or with ``sample`` drawn without replacement (Gumbel top-k: the order of
+    the keys is that of drawing one at a time), child ``j``'s law ``[..., W, V]`` being ``q`` without the ``j``
+    drawn before it, renormalised (one-hot where those took all of ``q``'s mass: it is then fixed by them)."""
+    if not sample:
+        return (*logprobs.topk(width, dim=-1), None)
+    u = torch.rand(logprobs.shape, generator=generator, device=logprobs.device, dtype=logprobs.dtype)
+    keys = logprobs - torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+    tokens = keys.topk(width, dim=-1).indices
+    q, laws = logprobs.exp(), []
+    for j in range(width):
+        mass = q.sum(dim=-1, keepdim=True)
+        fixed = torch.zeros_like(q).scatter_(-1, tokens[..., j : j + 1], 1.0)
+        laws.append(torch.where(mass > 0, q / mass.clamp_min(torch.finfo(q.dtype).tiny), fixed))
+        q = q.scatter(-1, tokens[..., j : j + 1], 0.0)
+    return logprobs.gather(-1, tokens), tokens, torch.stack(laws, dim=-2)
 
 
 def _worthy(cands: _Candidates, frontier: torch.Tensor) -> torch.Tensor:

@@ -17,16 +17,18 @@ class TreePlan(DraftPlan):
     ``auto`` drafts a sampled chain instead where that has delivered more (:mod:`specdec.trees.arms`)."""
 
     def __init__(self, config: TreeConfig, sizer: TreeSizer | None = None, new_tokens: int | None = None,
-                 num_draft_tokens: int = 1) -> None:
+                 num_draft_tokens: int = 1, rule: str = "token") -> None:
         """``new_tokens``: the most tokens the call adds per row; ``config`` is capped to what such a call can use
         (:meth:`TreeConfig.for_call`), so its caches are sized by the call, not by the configured depth.
-        ``num_draft_tokens``: the call's ``k`` (it sizes the caches' slack for ragged rows, as a chain's does)."""
+        ``num_draft_tokens``: the call's ``k`` (it sizes the caches' slack for ragged rows, as a chain's does).
+        ``rule``: how sampled trees are verified (:mod:`specdec.rules`)."""
         if config.tree_mode.sized_per_pass and sizer is None:
             raise ValueError(f"tree={config.mode!r} needs a TreeSizer (a measured verifier cost)")
         self.requested = config  # what the user asked for: what the statistics report
         self.config = config if new_tokens is None else config.for_call(new_tokens)
         self.sizer = sizer
         self.num_draft_tokens = num_draft_tokens
+        self.rule = rule
         self._arm: str | None = None  # auto under sampling: this pass's arm, "chain" or "tree"
 
     @property
@@ -52,7 +54,7 @@ class TreePlan(DraftPlan):
             limit = min(self.config.max_depth, room)
             k = self.sizer.arms.chain_length(limit, self.sizer.cost, self.sizer.draft_step) if room > 0 else 0
             return checked(drafter.propose(rows, k, ctx), drafter, rows, ctx, k, k)
-        shape = self.shape(room)
+        shape = self.shape(room, ctx.do_sample)
         # nodes: the slots the caches keep for one tree pass (a composite adds its lookup's branch to a full tree)
         return checked(drafter.propose_tree(rows, shape, ctx), drafter, rows, ctx, self.extra_slots - 1, shape.depth,
                        kind=DraftTree)
@@ -62,9 +64,14 @@ class TreePlan(DraftPlan):
         the drafter's top chain, and the sizer already values it."""
         return self.sizer is not None and ctx.do_sample
 
-    def shape(self, room: int) -> TreeShape:
-        """The request for one pass, at most ``room`` tokens deep."""
-        return TreeShape(self.config, room, self.sizer)
+    def shape(self, room: int, do_sample: bool = False) -> TreeShape:
+        """The request for one pass, at most ``room`` tokens deep. Under sampling a tree of fixed shape (``static``)
+        draws its children: top-ranked ones are one-hot drafts, which a sampling verifier accepts only as often as it
+        would draw them (Spec-Bench at T=0.7, ``self:int8``: 0.22 of the nodes against 0.47 drawn; BENCHMARKS.md
+        section 30). A tree shaped by its drafts' values (``dynamic``, ``auto``) keeps top-ranked children: choosing
+        nodes by the value of what was drawn would bias the law."""
+        sample = do_sample and self.config.tree_mode.grows_paths
+        return TreeShape(self.config, room, self.sizer, sample=sample)
 
     def update(self, drafts: Drafts, accepted: list[int], draft_seconds: float, verify_seconds: float,
                drafter_forwards: int, path: torch.Tensor | list[list[int]] | None = None) -> None:
