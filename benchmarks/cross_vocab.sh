@@ -18,3 +18,9 @@ for pair in "gemma3-270m smollm2" "smollm2 gemma3-270m"; do
 done
 python -m specdec.eval --model gemma3-270m --draft smollm2 --baselines hf-uag "${COMMON[@]}" --do-sample \
   --temperature 0.7 --out "$OUT/gemma3-270m-from-smollm2-t07"
+# Trees under TLI (Gemma verifying, SmolLM2 drafting): the default static tree beside the chain, greedy against hf-uag,
+# then at T=0.7 under both tree rules (a static tree draws its children there).
+python -m specdec.eval --model gemma3-270m --draft smollm2 --baselines hf-uag "${COMMON[@]}" --tree none static \
+  --out "$OUT/gemma3-270m-from-smollm2-trees"
+python -m specdec.eval --model gemma3-270m --draft smollm2 --baselines hf-uag "${COMMON[@]}" --tree none static \
+  --verify token traversal --do-sample --temperature 0.7 --out "$OUT/gemma3-270m-from-smollm2-trees-t07"

@@ -137,15 +137,12 @@ def test_a_wrong_block_rule_fails_the_same_law_test(monkeypatch):
     assert _sampled_law(verifier, perturbed_copy(verifier, 0.5)) < ALPHA
 
 
-def test_rules_are_checked_and_greedy_is_the_same_under_each():
+def test_greedy_is_the_same_under_each_chain_rule():
+    """(Which rule verifies what, and the refusals: ``tests/test_traversal.py``.)"""
     import specdec
     from tiny_models import perturbed_copy
 
     verifier = _verifier()
-    with pytest.raises(ValueError, match="verify='tok': choose one of 'token', 'block'"):
-        specdec.SpeculativeModel(verifier, "prompt-lookup", verify="tok")
-    with pytest.raises(ValueError, match="verify='block' verifies chains"):
-        specdec.SpeculativeModel(verifier, "prompt-lookup", verify="block", tree="static")
     prompt = torch.tensor([[3, 1, 4, 3, 1]])
     draft = perturbed_copy(verifier, 0.5)
     outs = [specdec.SpeculativeModel(verifier, draft, num_draft_tokens=3, verify=r).generate(prompt, max_new_tokens=12)
