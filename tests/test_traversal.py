@@ -189,10 +189,11 @@ def test_a_wrong_traversal_rule_fails_the_same_law_test(monkeypatch):
     assert _sampled_law(verifier, perturbed_copy(verifier, 0.5))[0] < ALPHA
 
 
-@pytest.mark.parametrize("rule", ["token", "traversal"])
-def test_a_drafter_misreporting_its_children_laws_fails_the_law_test(monkeypatch, rule):
+@pytest.mark.parametrize("rule, kind", [("token", "model"), ("traversal", "model"), ("traversal", "composite:int8")])
+def test_a_drafter_misreporting_its_children_laws_fails_the_law_test(monkeypatch, rule, kind):
     """Negative control on the drafter's side: sampled children reported with a flat law over q's support. Under
-    sampling a static tree draws its children under either rule, and both read the laws."""
+    sampling a static tree draws its children under either rule, and both read the laws; a composite carries its
+    model's laws through the merge with the lookup's branch."""
     real = build._children
 
     def flat(logprobs, width, sample, generator):
@@ -203,7 +204,7 @@ def test_a_drafter_misreporting_its_children_laws_fails_the_law_test(monkeypatch
         return v, t, laws
 
     verifier = _verifier()
-    draft = perturbed_copy(verifier, 0.5)
+    draft = perturbed_copy(verifier, 0.5) if kind == "model" else kind
     assert _sampled_law(verifier, draft, rule=rule)[0] > ALPHA  # the same seed passes with the true laws
     monkeypatch.setattr(build, "_children", flat)
     assert _sampled_law(verifier, draft, rule=rule)[0] < ALPHA
@@ -239,3 +240,23 @@ def test_the_rules_named_are_the_rules_the_loop_has():
         assert chain_rule(rule) in CHAIN_RULES  # tree="auto" may draft a chain under any tree rule
         assert applies(rule, True) == (rule in TREE_RULES)
         assert applies(rule, False) == (rule in CHAIN_RULES)
+
+
+def test_a_composite_merge_keeps_the_models_laws_and_gives_the_lookups_nodes_one_hot_ones():
+    from specdec.drafters.composite import _merged_laws
+    from specdec.trees.tree import RowTree, pack
+
+    laws = torch.softmax(torch.randn(2, 3, V, generator=torch.Generator().manual_seed(0)), dim=-1)
+    model_tree = DraftTree.from_host(torch.tensor([[1, 2, 3], [4, 0, 2]]), [[-1, -1, 0], [-1, 0, 0]])
+    merged, sizes = [], []
+    for b, branch in enumerate([[1, 4], [3]]):  # row 0: merges into node 0, then a new child 4; row 1: a new root child
+        row = RowTree.from_tree(model_tree, b, values=False)
+        sizes.append(len(row))
+        row.add_path(branch)
+        merged.append(row)
+    out = pack(merged, torch.device("cpu"))
+    got = _merged_laws(laws, out, sizes)
+    assert out.tokens.tolist() == [[1, 2, 3, 4], [4, 0, 2, 3]] and out.parents.tolist() == [[-1, -1, 0, 0], [-1, 0, 0, -1]]
+    assert torch.equal(got[:, :3], laws)
+    assert torch.equal(got[:, 3], torch.nn.functional.one_hot(torch.tensor([4, 3]), V).float())
+    assert _merged_laws(None, out, sizes) is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import torch
 
@@ -75,8 +74,7 @@ class CompositeDrafter(WrappingDrafter):
             self.lookup_steps += 1
             return self.lookup.propose_tree(rows, shape, ctx)
         self.model_steps += 1
-        # the merged tree is packed without per-node laws, so its children must be top-ranked ones (one-hot laws)
-        tree = self.model_drafter.propose_tree(rows, replace(shape, sample=False), ctx)
+        tree = self.model_drafter.propose_tree(rows, shape, ctx)
         merged, sizes = [], []
         for b, branch in enumerate(branches):
             own = RowTree.from_tree(tree, b, values=False)  # its tokens: the model's host copy, or one read per tree
@@ -86,7 +84,9 @@ class CompositeDrafter(WrappingDrafter):
                 self.lookup_nodes += len(own) - size
             merged.append(own)
             sizes.append(size)
-        return pack(merged, rows.device, ctx.vocab_size, _merged_values(tree.values, sizes, max(map(len, merged))))
+        out = pack(merged, rows.device, ctx.vocab_size, _merged_values(tree.values, sizes, max(map(len, merged))))
+        out.probs = _merged_laws(tree.probs, out, sizes)
+        return out
 
     # commit is the model drafter's: a no-op for it when the lookup proposed
 
@@ -101,6 +101,21 @@ class CompositeDrafter(WrappingDrafter):
     def finish(self) -> None:
         self.lookup.finish()
         self.model_drafter.finish()
+
+
+def _merged_laws(laws: torch.Tensor | None, merged: DraftTree, sizes: list[int]) -> torch.Tensor | None:
+    """The merged trees' node laws ``[B, N, V]`` where the model drew its children (``laws``, else ``None``): the
+    model's own nodes keep theirs, the lookup's (deterministic given the context, each after the siblings the model
+    drew) are one-hot. Exact: a lookup node exists or merges depending only on its ancestors and earlier siblings."""
+    if laws is None:
+        return None
+    width, vocab = merged.tokens.shape[1], laws.shape[-1]
+    n = laws.shape[1]
+    laws = laws[:, :width] if n >= width else torch.nn.functional.pad(laws, (0, 0, 0, width - n))
+    fixed = torch.zeros(*merged.tokens.shape, vocab, dtype=laws.dtype, device=laws.device)
+    fixed.scatter_(-1, merged.tokens.clamp(max=vocab - 1).unsqueeze(-1), 1.0)
+    own = torch.arange(width, device=laws.device) < upload(sizes, torch.long, laws.device).unsqueeze(1)
+    return torch.where(own.unsqueeze(-1), laws, fixed)
 
 
 def _merged_values(values: torch.Tensor | None, sizes: list[int], width: int) -> torch.Tensor | None:
