@@ -46,6 +46,20 @@ def exact_joint(model, prompt: torch.Tensor, steps: int, **sampling) -> dict:
     return probs
 
 
+def sampled_law(verifier, draft, rows: int = 2400, **options) -> tuple[float, object]:
+    """The chi-square p-value of ``rows`` sampled 3-token continuations of a fixed prompt (T=0.9, top-k 6, seed 11)
+    through ``specdec.SpeculativeModel(verifier, draft, **options)`` against the verifier's exact joint law, and that
+    model (its ``last_stats``)."""
+    import specdec
+
+    prompt, steps = torch.tensor([[3, 1, 4, 3, 1]]), 3
+    spec = specdec.SpeculativeModel(verifier, draft, **options)
+    sampling = dict(temperature=0.9, top_k=6)
+    out = spec.generate(prompt.expand(rows, -1), max_new_tokens=steps, do_sample=True,
+                        generator=torch.Generator().manual_seed(11), **sampling)
+    return chi2(tally(out[:, prompt.shape[1]:].tolist()), exact_joint(verifier, prompt, steps, **sampling), rows), spec
+
+
 def tally(rows: list[list[int]]) -> dict:
     """How often each continuation occurs."""
     counts: dict = {}

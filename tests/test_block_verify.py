@@ -94,16 +94,11 @@ def test_block_rejects_a_broken_draft_distribution_and_handles_no_drafts():
 
 
 def _sampled_law(verifier, draft, monkeypatch=None, rule="block") -> float:
-    import specdec
-    from law import exact_joint, tally
+    from law import sampled_law
 
-    prompt, steps, rows = torch.tensor([[3, 1, 4, 3, 1]]), 3, 2400
-    spec = specdec.SpeculativeModel(verifier, draft, num_draft_tokens=2, verify=rule)
-    sampling = dict(temperature=0.9, top_k=6)
-    out = spec.generate(prompt.expand(rows, -1), max_new_tokens=steps, do_sample=True,
-                        generator=torch.Generator().manual_seed(11), **sampling)
+    p_value, spec = sampled_law(verifier, draft, num_draft_tokens=2, verify=rule)
     assert spec.last_stats.verify == rule
-    return chi2(tally(out[:, prompt.shape[1]:].tolist()), exact_joint(verifier, prompt, steps, **sampling), rows)
+    return p_value
 
 
 def _verifier():

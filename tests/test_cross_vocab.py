@@ -133,16 +133,12 @@ def _tiny_pair():
 
 
 def _tli_law(verifier, vtok, draft, dtok, rows: int = 2400, **options) -> float:
-    from law import chi2, exact_joint, tally
+    from law import sampled_law
 
-    prompt, steps = torch.tensor([[3, 1, 4, 3, 1]]), 3
     drafter = CrossVocabDrafter(draft, dtok, vtok, sample="a bad cafe faced a big hedge")  # text in a-h
-    spec = specdec.SpeculativeModel(verifier, drafter, num_draft_tokens=2, tokenizer=vtok, **options)
-    sampling = dict(temperature=0.9, top_k=6)
-    out = spec.generate(prompt.expand(rows, -1), max_new_tokens=steps, do_sample=True,
-                        generator=torch.Generator().manual_seed(11), **sampling)
+    p_value, spec = sampled_law(verifier, drafter, rows, num_draft_tokens=2, tokenizer=vtok, **options)
     assert spec.last_stats.proposed > 0 and spec.last_stats.accepted > 0
-    return chi2(tally(out[:, prompt.shape[1]:].tolist()), exact_joint(verifier, prompt, steps, **sampling), rows)
+    return p_value
 
 
 def test_the_shared_vocabulary_maps_tokens_by_their_text():

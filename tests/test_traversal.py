@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import specdec
-from law import ALPHA, chi2, exact_joint, tally
+from law import ALPHA, chi2, sampled_law
 from specdec.acceptance import block_accept
 from specdec.trees import build
 from specdec.trees.accept import tree_rejection_accept
@@ -141,15 +141,10 @@ def _verifier():
     return _tiny_vocab_model(4)
 
 
-def _sampled_law(verifier, draft, tree=TREE, rows: int = 2400, rule: str = "traversal"
-                 ) -> tuple[float, specdec.SpeculativeModel]:
-    prompt, steps = torch.tensor([[3, 1, 4, 3, 1]]), 3
-    spec = specdec.SpeculativeModel(verifier, draft, tree=tree, verify=rule)
-    sampling = dict(temperature=0.9, top_k=6)
-    out = spec.generate(prompt.expand(rows, -1), max_new_tokens=steps, do_sample=True,
-                        generator=torch.Generator().manual_seed(11), **sampling)
+def _sampled_law(verifier, draft, tree=TREE, rule: str = "traversal") -> tuple[float, specdec.SpeculativeModel]:
+    p_value, spec = sampled_law(verifier, draft, tree=tree, verify=rule)
     assert spec.last_stats.verify == rule
-    return chi2(tally(out[:, prompt.shape[1]:].tolist()), exact_joint(verifier, prompt, steps, **sampling), rows), spec
+    return p_value, spec
 
 
 @pytest.mark.parametrize("kind", ["model", "self:int8", "prompt-lookup", "composite:int8", "eagle3"])
@@ -255,8 +250,9 @@ def test_a_composite_merge_keeps_the_models_laws_and_gives_the_lookups_nodes_one
         row.add_path(branch)
         merged.append(row)
     out = pack(merged, torch.device("cpu"))
-    got = _merged_laws(laws, out, sizes)
+    own = torch.arange(4, device="cpu") < torch.tensor(sizes, device="cpu").unsqueeze(1)
+    got = _merged_laws(laws, out, own)
     assert out.tokens.tolist() == [[1, 2, 3, 4], [4, 0, 2, 3]] and out.parents.tolist() == [[-1, -1, 0, 0], [-1, 0, 0, -1]]
     assert torch.equal(got[:, :3], laws)
     assert torch.equal(got[:, 3], torch.nn.functional.one_hot(torch.tensor([4, 3]), V).float())
-    assert _merged_laws(None, out, sizes) is None
+    assert _merged_laws(None, out, own) is None

@@ -125,11 +125,11 @@ class Drafter:
         """Release per-call state (caches)."""
 
 
-
 def wants_graphs(drafter: Drafter, how: bool | str, cuda: bool) -> bool:
     """Whether ``compile_drafter=how`` means raw CUDA graphs for ``drafter``: ``"graphs"``, or ``True`` on CUDA for a
     drafter that captures them (the H200 check measured them; on a CPU ``True`` stays ``torch.compile``)."""
     return how == "graphs" or (how is True and cuda and drafter.captures_graphs)
+
 
 class WrappingDrafter(Drafter):
     """A drafter around another (:attr:`inner`): everything it does not override is the inner drafter's, so a

@@ -84,8 +84,10 @@ class CompositeDrafter(WrappingDrafter):
                 self.lookup_nodes += len(own) - size
             merged.append(own)
             sizes.append(size)
-        out = pack(merged, rows.device, ctx.vocab_size, _merged_values(tree.values, sizes, max(map(len, merged))))
-        out.probs = _merged_laws(tree.probs, out, sizes)
+        width = max(map(len, merged))
+        own = torch.arange(width, device=rows.device) < upload(sizes, torch.long, rows.device).unsqueeze(1)
+        out = pack(merged, rows.device, ctx.vocab_size, _merged_values(tree.values, own))
+        out.probs = _merged_laws(tree.probs, out, own)
         return out
 
     # commit is the model drafter's: a no-op for it when the lookup proposed
@@ -103,27 +105,28 @@ class CompositeDrafter(WrappingDrafter):
         self.model_drafter.finish()
 
 
-def _merged_laws(laws: torch.Tensor | None, merged: DraftTree, sizes: list[int]) -> torch.Tensor | None:
+def _merged_laws(laws: torch.Tensor | None, merged: DraftTree, own: torch.Tensor) -> torch.Tensor | None:
     """The merged trees' node laws ``[B, N, V]`` where the model drew its children (``laws``, else ``None``): the
-    model's own nodes keep theirs, the lookup's (deterministic given the context, each after the siblings the model
-    drew) are one-hot. Exact: a lookup node exists or merges depending only on its ancestors and earlier siblings."""
+    model's own nodes (``own [B, N]``) keep theirs, the lookup's (deterministic given the context, each after the
+    siblings the model drew) are one-hot. Exact: a lookup node exists or merges depending only on its ancestors and
+    earlier siblings."""
     if laws is None:
         return None
-    width, vocab = merged.tokens.shape[1], laws.shape[-1]
-    n = laws.shape[1]
-    laws = laws[:, :width] if n >= width else torch.nn.functional.pad(laws, (0, 0, 0, width - n))
+    vocab = laws.shape[-1]
     fixed = torch.zeros(*merged.tokens.shape, vocab, dtype=laws.dtype, device=laws.device)
     fixed.scatter_(-1, merged.tokens.clamp(max=vocab - 1).unsqueeze(-1), 1.0)
-    own = torch.arange(width, device=laws.device) < upload(sizes, torch.long, laws.device).unsqueeze(1)
-    return torch.where(own.unsqueeze(-1), laws, fixed)
+    return torch.where(own.unsqueeze(-1), _to_width(laws, own.shape[1]), fixed)
 
 
-def _merged_values(values: torch.Tensor | None, sizes: list[int], width: int) -> torch.Tensor | None:
-    """The merged trees' values ``[B, width]`` on the device: row ``b``'s first ``sizes[b]`` nodes are the model's
-    (their values kept), the lookup's after them are worth 0 (as :class:`RowTree` values them). No device read."""
+def _merged_values(values: torch.Tensor | None, own: torch.Tensor) -> torch.Tensor | None:
+    """The merged trees' values ``[B, N]`` on the device: the model's nodes (``own [B, N]``, each row's first ones)
+    keep their values, the lookup's after them are worth 0 (as :class:`RowTree` values them). No device read."""
     if values is None:
         return None
-    n = values.shape[1]
-    values = values[:, :width] if n >= width else torch.nn.functional.pad(values, (0, width - n))
-    own = torch.arange(width, device=values.device) < upload(sizes, torch.long, values.device).unsqueeze(1)
-    return torch.where(own, values, 0.0)
+    return torch.where(own, _to_width(values, own.shape[1]), 0.0)
+
+
+def _to_width(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t [B, n, ...]`` cut or zero-padded to ``width`` nodes."""
+    n = t.shape[1]
+    return t[:, :width] if n >= width else torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, width - n))
